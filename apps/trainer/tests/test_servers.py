@@ -1,5 +1,10 @@
+import os
+import signal
 import socket
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +38,38 @@ def test_a_server_that_never_listens_times_out_and_is_stopped():
     with pytest.raises(ServerError, match="did not become healthy"):
         server.start()
     assert not server.alive
+
+
+_PARENT = """
+import subprocess, sys, time
+from rstar2_trainer.servers import with_parent_death_signal
+child = [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)", sys.argv[1]]
+subprocess.Popen(with_parent_death_signal(child))
+time.sleep(120)
+"""
+
+
+def _exited(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(") ", 1)[1].startswith(("Z", "X"))
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_a_child_gets_sigterm_when_its_parent_is_killed(tmp_path):
+    """The trampoline asks for PR_SET_PDEATHSIG, then execs the real command (no preexec_fn)."""
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(pid_file)])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while not _exited(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not _exited(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its SIGKILLed parent")

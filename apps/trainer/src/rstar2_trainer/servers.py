@@ -3,15 +3,18 @@
 A `ChildServer` starts a package's `serve` command as a subprocess, waits until its port answers
 (and its health check passes, when given one), and stops it when the trainer exits: on a normal
 exit, on an exception, on Ctrl-C, and on SIGKILL of the trainer too, because each child asks the
-kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG). What goes wrong becomes a
+kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG). The signal is asked for by a small
+trampoline that then execs the server, not by a `preexec_fn`: a `preexec_fn` makes Python fork
+and run gRPC's fork handlers in the child, which may start a poller thread that aborts the child
+with "epoll_wait error: Bad file descriptor" once the fds are closed before exec. What goes wrong becomes a
 `ServerError` whose message says what to do: a port already in use, a server that exits during
 start-up (with the tail of its stderr), a server that never becomes healthy, one that dies later.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import os
 import shutil
 import signal
 import socket
@@ -47,9 +50,20 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# argv: parent pid, then the server's command. PR_SET_PDEATHSIG survives exec; the pid check
+# closes the race where the parent died before the request was made.
+_TRAMPOLINE = f"""
+import ctypes, os, sys
+ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGTERM)})
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def with_parent_death_signal(argv: Sequence[str]) -> list[str]:
+    """`argv` wrapped so that the process gets SIGTERM when this one dies."""
+    return [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *argv]
 
 
 def console_script(name: str) -> list[str]:
@@ -101,11 +115,10 @@ class ChildServer:
         argv = [*self._argv, "--host", self.host, "--port", str(self.port)]
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server)
         self._proc = subprocess.Popen(
-            argv,
+            with_parent_death_signal(argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
-            preexec_fn=_die_with_parent,
         )
         self._wait_ready()
         return self.address
