@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,6 +104,25 @@ def test_a_folder_that_is_no_model(tmp_path, data, capsys):
 def test_a_bad_override(tmp_path, data, capsys):
     assert main(["run", str(tmp_path), str(data), "temperature=-1"]) == 2
     assert "invalid config: temperature" in _one_line_error(capsys)
+
+
+def test_overrides_may_follow_options(tmp_path, data, capsys):
+    argv = ["run", str(tmp_path), str(data), "--config", "quick", "samples=0"]
+    assert main(argv) == 2
+    assert "samples" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_policy_trained_with_another_system_prompt(tmp_path, tiny_model, data, capsys):
+    policy = tmp_path / "policy"
+    shutil.copytree(tiny_model, policy)
+    (policy / "rstar2.json").write_text('{"system_prompt": "compact", "step": 3}')
+    assert main(["run", str(policy), str(data), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"rstar2-eval: {policy} was trained with the compact system prompt (its "
+        "rstar2.json); add system_prompt=compact"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 def test_benchmarks_lists_the_names(capsys):

@@ -38,6 +38,18 @@ def test_masked_logprobs_equal_the_full_forward_and_ignore_padding():
     assert float(entropy[0, 1]) == 0.0 and float(entropy[0, 0]) > 0.0
 
 
+def test_temperature_scores_the_tempered_distribution():
+    model = _model()
+    batch = make_batch([[1, 2, 3]], [[6, 7, 8]], [[1, 1, 1]], pad_id=0)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch, temperature=0.5)
+        logits = model(input_ids=torch.tensor([[1, 2, 3, 6, 7, 8]])).logits[0]
+    tempered = torch.log_softmax(logits / 0.5, -1)
+    expected = torch.stack([tempered[2 + j, t] for j, t in enumerate([6, 7, 8])])
+    assert torch.allclose(logp[0], expected, atol=1e-5)
+    assert not torch.allclose(logp[0], torch.log_softmax(logits, -1)[[2, 3, 4], [6, 7, 8]])
+
+
 def test_gradient_flows_only_through_scored_positions():
     model = _model()
     batch = make_batch([[1, 2]], [[3, 4]], [[1, 1]], pad_id=0)

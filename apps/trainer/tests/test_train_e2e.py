@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from rstar2_curriculum import Curriculum, CurriculumConfig, load_problems
@@ -76,6 +77,54 @@ def test_tiny_run_end_to_end(tmp_path):
     # the servers it started are gone
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(run_dir) not in ps
+    _check_policy_export(run_dir, tmp_path)
+
+
+def _check_policy_export(run_dir: Path, tmp_path: Path) -> None:
+    """RUN_DIR/policy holds the final weights as a Hugging Face folder that rstar2-eval runs."""
+    from safetensors.torch import load_file
+
+    policy = run_dir / "policy"
+    assert json.loads((policy / "rstar2.json").read_text()) == {
+        "system_prompt": "compact",
+        "step": 3,
+    }
+    final = torch.load(run_dir / "checkpoints" / "step_000003" / "model.pt", weights_only=True)
+    saved = load_file(policy / "model.safetensors")
+    assert saved and set(saved) <= set(final)
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, final[name]), name
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(
+        "".join(
+            json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n"
+            for a, b in ((12, 34), (56, 78))
+        )
+    )
+    argv = [
+        str(Path(sys.executable).with_name("rstar2-eval")),
+        "run",
+        str(policy),
+        str(problems),
+        "--config",
+        "quick",
+        "samples=1",
+        "max_turns=2",
+        "max_response_tokens=64",
+        "model.engine=transformers",
+        "--out",
+        str(tmp_path / "eval"),
+    ]
+    wrong = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2
+    assert "add system_prompt=compact" in wrong.stderr.strip().splitlines()[-1]
+    right = subprocess.run(
+        [*argv, "system_prompt=compact"], capture_output=True, text=True, timeout=600
+    )
+    assert right.returncode == 0, right.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["problems"] == 2
 
 
 def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path):

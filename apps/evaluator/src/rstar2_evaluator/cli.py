@@ -108,7 +108,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may follow options (`run M B --config quick samples=4`): argparse stops filling a
+    # positional list at the first option, and subparsers rule out parse_intermixed_args.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "overrides", None) is None or any(x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     console = Console()
     try:
         return args.handler(args, console)

@@ -119,6 +119,11 @@ class EvalConfig(_Frozen):
         default=30720, gt=0, description="Response-token budget over all turns (tool output too)."
     )
     seed: int = Field(default=0, description="Run seed; each sample's seed derives from it.")
+    system_prompt: Literal["paper", "compact"] = Field(
+        default="paper",
+        description="The system prompt the policy was trained with: the paper's, or the compact "
+        "one of rstar2-train's tiny recipe (its RUN_DIR/policy/rstar2.json says which).",
+    )
     pass_k: tuple[int, ...] = Field(
         default=(1, 2, 4, 8, 16), description="k of pass@k and maj@k (k > samples is dropped)."
     )
@@ -141,8 +146,9 @@ class EvalConfig(_Frozen):
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same evaluation (a resume must match it)."""
         keep = ("model", "benchmark", "samples", "temperature", "top_p", "max_turns")
-        dumped = self.model_dump(mode="json", include={*keep, "max_response_tokens", "seed"})
-        return {key: dumped[key] for key in (*keep, "max_response_tokens", "seed")}
+        tail = ("max_response_tokens", "seed", "system_prompt")
+        dumped = self.model_dump(mode="json", include={*keep, *tail})
+        return {key: dumped[key] for key in (*keep, *tail)}
 
     def run_dir(self) -> Path:
         if self.out:

@@ -42,6 +42,7 @@ from rstar2_rollout import (
     Trajectory,
     build_engine,
     run_agent,
+    system_prompt,
 )
 from rstar2_sandbox import LocalSandbox, SandboxClient
 from rstar2_verify import Grader
@@ -70,6 +71,7 @@ def rollout_config(config: EvalConfig, context: int | None) -> RolloutConfig:
         tool_timeout_s=config.tool_timeout_s,
         max_concurrency=config.concurrency,
         seed=config.seed,
+        system_prompt=config.system_prompt,
     )
 
 
@@ -107,7 +109,7 @@ async def evaluate(
     on_done: Callable[[SampleRecord], None] | None = None,
 ) -> list[str]:
     """Roll out, grade and record every (problem, sample index) in `todo`; return the failures."""
-    fmt = ChatFormat(tokenizer)
+    fmt = ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
     slots = asyncio.Semaphore(config.max_concurrency)
     failures: list[str] = []
     stop = asyncio.Event()

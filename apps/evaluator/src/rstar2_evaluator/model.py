@@ -71,6 +71,23 @@ def _probe_endpoint(model: EndpointModel) -> str:
     return served[0]
 
 
+def _check_system_prompt(folder: Path, style: str) -> None:
+    """A policy saved by rstar2-train records its prompt style; evaluating it with another one
+    would measure the prompt change, not the policy."""
+    meta = folder / "rstar2.json"
+    if not meta.is_file():
+        return
+    try:
+        trained = json.loads(meta.read_text()).get("system_prompt")
+    except (OSError, ValueError, AttributeError):
+        return
+    if trained and trained != style:
+        raise ModelError(
+            f"{folder} was trained with the {trained} system prompt (its rstar2.json); "
+            f"add system_prompt={trained}"
+        )
+
+
 def check_model(config: EvalConfig) -> tuple[EngineConfig, int | None]:
     """The engine config for `config.model` and the context limit the loop must keep."""
     model = config.model
@@ -94,6 +111,7 @@ def check_model(config: EvalConfig) -> tuple[EngineConfig, int | None]:
             f"{model.path} is not a model folder (no config.json); give a Hugging Face-format "
             "folder or an http(s):// endpoint URL"
         )
+    _check_system_prompt(Path(model.path), config.system_prompt)
     context = _context_length(model, config.max_response_tokens)
     kind = model.engine
     if kind == "auto":

@@ -48,9 +48,12 @@ def make_batch(
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: Batch, *, with_entropy: bool = False
+    model: torch.nn.Module, batch: Batch, *, with_entropy: bool = False, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of every response token under `model` ([B, T]), and its entropy when asked.
+
+    `temperature` divides the logits first, so the distribution scored is the one the sampler
+    drew from: RL optimises the tempered policy the rollouts came from (as verl does).
 
     Only positions under the response mask are scored (0 elsewhere): the model runs over the
     whole sequence, but its output projection runs only on the positions some row scores
@@ -71,6 +74,8 @@ def response_logprobs(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=positions
     ).logits  # [B, P, V]
     picked_logits = logits[rows, torch.searchsorted(positions, cols)]  # [N, V]
+    if temperature != 1.0:
+        picked_logits = picked_logits / temperature
     logp_all = torch.log_softmax(picked_logits.float(), dim=-1)  # [N, V]
     picked = logp_all.gather(1, batch.response_ids[keep][:, None]).squeeze(1)  # [N]
     logp = torch.zeros((b, t), dtype=picked.dtype, device=device).masked_scatter(keep, picked)

@@ -110,3 +110,23 @@ def load_latest(root: Path) -> Checkpoint | None:
     return Checkpoint(
         path=path, step=int(state["step"]), state=state, model=model, optimizer=optimizer
     )
+
+
+def save_policy(model: Any, tokenizer: Any, out: Path, *, system_prompt: str, step: int) -> Path:
+    """The trained policy as a Hugging Face folder that `rstar2-eval run` and vLLM load.
+
+    Written beside `out` under a temporary name and renamed into place, like a checkpoint.
+    `rstar2.json` records what the folder's weights expect: the system-prompt style the agent
+    loop used in training (`rstar2-eval ... system_prompt=...`) and the RL step.
+    """
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rstar2.json").write_text(
+        json.dumps({"system_prompt": system_prompt, "step": step}, indent=2) + "\n"
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    _fsync_dir(out.parent)
+    return out

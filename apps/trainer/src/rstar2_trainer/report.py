@@ -51,7 +51,9 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
     )
 
 
-def final_table(evals: Sequence[Mapping[str, Any]], run_dir: Path) -> None:
+def final_table(
+    evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, system_prompt: str
+) -> None:
     table = Table(title="Held-out evaluation")
     for column in ("when", "step", "accuracy", "problems", "tool-err (correct)", "answered", "len"):
         table.add_column(column, justify="right" if column != "when" else "left")
@@ -67,6 +69,10 @@ def final_table(evals: Sequence[Mapping[str, Any]], run_dir: Path) -> None:
         )
     console.print(table)
     console.print(f"run directory: {run_dir}")
+    console.print(
+        f"trained policy: {policy} (evaluate it: rstar2-eval run {policy} problems.jsonl "
+        f"system_prompt={system_prompt})"
+    )
 
 
 PLOTS = {

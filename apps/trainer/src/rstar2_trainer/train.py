@@ -7,7 +7,7 @@
                 -> Resample-on-Correct to G -> advantages -> policy loss -> optimizer step
                 -> weight sync to the engines -> curriculum (difficulty, stage switch) -> log
                 -> checkpoint; an evaluation after each stage
-    finish      the final table, plots
+    finish      the trained policy as a Hugging Face folder (RUN_DIR/policy), the final table, plots
 
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
@@ -30,7 +30,7 @@ from rstar2_rollout.chat import encode_conversation
 from rstar2_rollout.loop import derive_seed
 from rstar2_trainer import report
 from rstar2_trainer.build import Parts, open_parts
-from rstar2_trainer.checkpoint import latest_step, load_latest, save_checkpoint
+from rstar2_trainer.checkpoint import latest_step, load_latest, save_checkpoint, save_policy
 from rstar2_trainer.cluster import open_cluster_parts
 from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
@@ -189,6 +189,7 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                     pad_id=pad_id,
                     micro_batch_tokens=config.optim.micro_batch_tokens,
                     grad_clip=config.optim.grad_clip,
+                    temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
                 )
                 metrics.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
                 metrics["time_train_s"] = time.perf_counter() - start
@@ -223,7 +224,14 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                     state={"curriculum": curriculum.state_dict(), "evals": evals},
                     keep=config.run.keep_checkpoints,
                 )
-        report.final_table(evals, run_dir)
+        policy = save_policy(
+            model,
+            parts.tokenizer,
+            run_dir / "policy",
+            system_prompt=config.rollout.system_prompt,
+            step=step,
+        )
+        report.final_table(evals, run_dir, policy, config.rollout.system_prompt)
 
 
 def tokenizer_corpus(problems: list, traces: list, style: str = "paper") -> list[str]:

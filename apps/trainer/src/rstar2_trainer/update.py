@@ -39,8 +39,13 @@ def policy_update(
     pad_id: int,
     micro_batch_tokens: int,
     grad_clip: float,
+    temperature: float = 1.0,
 ) -> UpdateResult:
-    """One optimizer step on `kept`; returns the loss and the algorithm's metrics."""
+    """One optimizer step on `kept`; returns the loss and the algorithm's metrics.
+
+    `temperature` is the rollouts' sampling temperature: the logprobs are those of the tempered
+    distribution the tokens were drawn from.
+    """
     model.train()
     token_level = algo.config.aggregation == "token_mean"
     total_tokens = sum(sum(t.loss_mask) for t in kept)
@@ -58,7 +63,9 @@ def policy_update(
             [t.loss_mask for t in rows],
             pad_id,
         )
-        logp, entropy = response_logprobs(model, batch, with_entropy=True)  # [B, T]
+        logp, entropy = response_logprobs(
+            model, batch, with_entropy=True, temperature=temperature
+        )  # [B, T]
         loss, metrics = algo.policy_loss(
             logp,
             logp.detach(),
