@@ -3,6 +3,7 @@
     uv run python bench/rollout_sched.py --seeds 0 1 2 --bounds   # 64 TP=1 engines, all stages
     uv run python bench/rollout_sched.py --seeds 0 1 2 --tp 4     # 16 TP=4 engines (the port's)
     uv run python bench/rollout_sched.py --scenario stage3 --engines 8 --prompts 64   # quick look
+    uv run python bench/rollout_sched.py --scenario stage3_late --runs kv_aware static
 
 Simulated time on a virtual clock (deterministic per seed); the wall time of the simulation itself
 is printed too. Prints one table and writes JSON (default bench/results/rollout_sched.json).
@@ -58,6 +59,9 @@ def main() -> None:
     parser.add_argument("--kv-tokens", type=int, default=None, help="default: from --tp")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--bounds", action="store_true", help="add the oracle-order rows")
+    parser.add_argument(
+        "--runs", nargs="+", choices=[r[0] for r in RUNS + BOUNDS], help="only these rows"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/rollout_sched.json"))
     args = parser.parse_args()
     model = EngineModel.qwen3_14b_mi300x(args.tp)
@@ -66,6 +70,8 @@ def main() -> None:
     if min(args.engines, args.prompts, args.samples, args.kv_tokens) <= 0:
         parser.error("--engines, --prompts, --samples and --kv-tokens must be positive")
     runs = RUNS + (BOUNDS if args.bounds else [])
+    if args.runs:
+        runs = [r for r in RUNS + BOUNDS if r[0] in args.runs]
 
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     rows = []
@@ -95,8 +101,9 @@ def main() -> None:
                 start = time.perf_counter()
                 r = simulate(scenario, config, seed, turn_barrier=barrier, order=order)
                 wall = time.perf_counter() - start
-                base = base or r.makespan_s
-                ratio = r.makespan_s / base
+                if label == "kv_aware":
+                    base = r.makespan_s
+                ratio = r.makespan_s / base if base else float("nan")  # kv_aware runs first
                 print(
                     f"{name:11} {seed:>4} {label:25} {r.makespan_s:>10.1f} {ratio:>6.2f}"
                     f" {r.idle_share:>6.1%} {r.preemption_events:>7} {r.preempted_requests:>8}"
