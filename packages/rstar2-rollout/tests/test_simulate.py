@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from rstar2_rollout.config import KVAwarePolicy, SchedulerConfig, StaticPolicy
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.simulate import (
@@ -12,6 +14,7 @@ from rstar2_rollout.simulate import (
     Scenario,
     SimEngine,
     draw_workload,
+    order_workload,
     run_virtual,
     simulate,
 )
@@ -93,3 +96,45 @@ def test_a_turn_barrier_only_adds_waiting() -> None:
     synced = simulate(SMALL, cfg, seed=2, turn_barrier=True)
     assert synced.makespan_s > free.makespan_s
     assert synced.decoded_tokens == free.decoded_tokens
+
+
+def test_engine_model_derives_tensor_parallel_engines_from_the_hardware() -> None:
+    assert EngineModel.qwen3_14b_mi300x(1) == EngineModel()  # the defaults are TP=1
+    tp4 = EngineModel.qwen3_14b_mi300x(4)
+    # 1/4 of the weights and 1/4 of each token's KV heads per rank: more than 4x the tokens
+    assert 4 * EngineModel().kv_tokens < tp4.kv_tokens < 5 * EngineModel().kv_tokens
+    assert tp4.per_kv_token_step_s == pytest.approx(EngineModel().per_kv_token_step_s / 4)
+    assert EngineModel().base_step_s / 4 < tp4.base_step_s < EngineModel().base_step_s / 2
+    with pytest.raises(ValueError, match="tp must divide"):
+        EngineModel.qwen3_14b_mi300x(3)
+
+
+def test_oracle_orders_sort_by_drawn_lengths() -> None:
+    specs = draw_workload(SMALL, seed=5)
+    longest = order_workload(specs, "oracle_longest_first")
+    assert sorted(longest, key=lambda s: s.key) == sorted(specs, key=lambda s: s.key)
+    assert [s.response_tokens for s in longest] == sorted(
+        (s.response_tokens for s in specs), reverse=True
+    )
+    by_group = order_workload(specs, "oracle_group_longest_first")
+    groups = [s.group for s in by_group]
+    assert len(set(groups)) == SMALL.prompts
+    for g in set(groups):  # the samples of one problem stay together, hardest problem first
+        at = [i for i, x in enumerate(groups) if x == g]
+        assert at == list(range(at[0], at[0] + len(at)))
+    total = {g: sum(s.response_tokens for s in specs if s.group == g) for g in set(groups)}
+    assert total[groups[0]] == max(total.values())
+    assert order_workload(specs, "submitted") == specs
+
+
+@pytest.mark.parametrize(
+    "order", ["submitted", "oracle_longest_first", "oracle_group_longest_first"]
+)
+def test_kv_aware_never_preempts_in_any_order(order) -> None:
+    tight = Scenario(
+        engines=2, prompts=16, samples_per_prompt=8, engine=EngineModel(kv_tokens=40_000)
+    )
+    r = simulate(tight, SchedulerConfig(policy=KVAwarePolicy()), seed=1, order=order)
+    assert r.preemption_events == 0 and r.recomputed_tokens == 0 and r.failed == 0
+    assert r.order == order
+    assert 0 < r.tool_wait_share < 0.2  # tools take a small share of a trajectory's life

@@ -1,25 +1,16 @@
 """A discrete-event simulator of agentic rollouts: the real `Scheduler` over simulated engines.
 
-`SimEngine` implements the `Engine` Protocol over the running event loop's clock: a continuous-
-batching engine with a KV cache of `kv_tokens`. Each decode step every running request gains one
-token; a step takes `base + per_request * running + per_kv_token * kv_in_use` seconds (decode
-reads the weights once and every cached token once). New requests (and new turns) join when their
-context fits; their uncached tokens are prefilled at `prefill_tokens_per_s`. A finished turn's
-context stays in an LRU prefix cache keyed by the request id up to its last "/" (`job-7/turn-2`),
-evicted as space is needed. When the running requests outgrow the cache the engine preempts half
-of them, newest first, and recomputes them later, as SGLang does (rStar2-Agent paper §3.2). The
-simulated model writes exactly `params.max_tokens` filler tokens: the workload draws every turn's
-length in advance.
-
-`VirtualClockLoop` is an asyncio loop whose clock jumps to the next timer instead of sleeping, so
-a run over 16k trajectories and 64 engines takes seconds and is deterministic for a seed.
-`simulate(scenario, config, seed)` draws a workload (long-tailed lengths and turn counts, tool
-latencies), runs it through `Scheduler(engines, config)` and reports makespan, engine idle share
-and preemptions.
+`simulate(scenario, config, seed)` draws a workload (`draw_workload`: per problem a shared
+difficulty, per sample a long-tailed length and turn count, tool outputs and tool latencies), runs
+it through `Scheduler(engines, config)` over `SimEngine`s (`simengine`) on a virtual clock, and
+reports makespan, engine idle share, preemptions and how much of the admitted time trajectories
+spent waiting for tools. Deterministic for a seed.
 
 Tools run asynchronously per trajectory under every policy; `TurnBarrier` (`turn_barrier=True`)
-adds VERL v0.2's per-turn synchronisation on each engine. Not modelled: tensor parallelism,
-network time, tool failures, and sampling itself.
+adds VERL v0.2's per-turn synchronisation on each engine. `order` changes the order in which jobs
+are submitted: `"submitted"` is prompt-major (what a trainer hands over); the two `oracle_*`
+orders sort by the drawn lengths, which no real scheduler knows, to bound what ordering alone
+could gain. Not modelled: network time, tool failures, and sampling itself.
 """
 
 from __future__ import annotations
@@ -27,240 +18,39 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import selectors
-from collections import OrderedDict, deque
-from collections.abc import Coroutine, Iterable, Sequence
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Literal
 
 from rstar2_rollout.config import SchedulerConfig
-from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engine import Engine, SamplingParams
 from rstar2_rollout.scheduler import Job, Scheduler
+from rstar2_rollout.simengine import (
+    EngineModel,
+    EngineStats,
+    SimEngine,
+    VirtualClockLoop,
+    run_virtual,
+)
 
-R = TypeVar("R")
+__all__ = [
+    "EngineModel",
+    "EngineStats",
+    "Order",
+    "Scenario",
+    "SimEngine",
+    "SimResult",
+    "TrajectorySpec",
+    "TurnBarrier",
+    "VirtualClockLoop",
+    "draw_workload",
+    "order_workload",
+    "run_trajectory",
+    "run_virtual",
+    "simulate",
+]
 
-
-class _VirtualSelector(selectors.SelectSelector):
-    """Polls real file descriptors without waiting, then advances the loop's virtual clock."""
-
-    def __init__(self, loop: VirtualClockLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        events = super().select(0)
-        if events:
-            return events
-        if timeout is None:
-            raise RuntimeError("simulation deadlocked: nothing scheduled and nothing ready")
-        self._loop._now += timeout
-        return []
-
-
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose `time()` is virtual: `asyncio.sleep(60)` returns at once, 60 s later."""
-
-    def __init__(self) -> None:
-        self._now = 0.0
-        super().__init__(_VirtualSelector(self))
-
-    def time(self) -> float:
-        return self._now
-
-
-def run_virtual(main: Coroutine[Any, Any, R]) -> R:
-    """Run a coroutine to completion on a fresh `VirtualClockLoop`."""
-    loop = VirtualClockLoop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-
-
-@dataclass(frozen=True)
-class EngineModel:
-    """Speed and memory of one simulated engine (defaults: Qwen3-14B on one MI300X, see docs)."""
-
-    kv_tokens: int = 720_000
-    base_step_s: float = 0.010
-    per_request_step_s: float = 30e-6
-    per_kv_token_step_s: float = 44e-9
-    prefill_tokens_per_s: float = 15_000.0
-    max_chunk_steps: int = 16  # new requests join at most this many steps late
-    admit_watermark: float = 0.01  # keep this share of the cache free when admitting
-    filler_token_id: int = 0
-
-
-@dataclass(eq=False)
-class _Request:
-    session: str
-    context: int
-    remaining: int
-    generated: int
-    future: asyncio.Future[int]
-    preempted: bool = False
-
-
-@dataclass
-class EngineStats:
-    busy_s: float = 0.0
-    preemption_events: int = 0
-    preempted_requests: int = 0
-    prefill_tokens: int = 0
-    recomputed_tokens: int = 0
-    decoded_tokens: int = 0
-
-
-class SimEngine:
-    """A simulated continuous-batching engine (see the module docstring); an `Engine`."""
-
-    def __init__(self, name: str, model: EngineModel | None = None) -> None:
-        self.name = name
-        self.model = model or EngineModel()
-        self.stats = EngineStats()
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
-        self._used = 0
-        self._cache: OrderedDict[str, int] = OrderedDict()
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._failure = ""
-
-    def kv_capacity(self) -> KVCapacity:
-        if self._failure:
-            raise RuntimeError(f"engine {self.name} is down: {self._failure}")
-        return KVCapacity(self.model.kv_tokens, self.model.kv_tokens - self._used)
-
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
-    ) -> Generation:
-        if self._failure:
-            return Generation([], finish_reason="error", error=self._failure)
-        if len(prompt_ids) + params.max_tokens > self.model.kv_tokens:
-            return Generation(
-                [], finish_reason="error", error="prompt + max_tokens exceeds the KV cache"
-            )
-        loop = asyncio.get_running_loop()
-        req = _Request(
-            request_id.rpartition("/")[0] or request_id,
-            len(prompt_ids),
-            params.max_tokens,
-            0,
-            loop.create_future(),
-        )
-        self._waiting.append(req)
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = loop.create_task(self._serve())
-        assert self._wake is not None
-        self._wake.set()
-        try:
-            n = await req.future
-        except RuntimeError as exc:
-            return Generation([], finish_reason="error", error=str(exc))
-        ids = [self.model.filler_token_id] * n
-        return Generation(ids, [0.0] * n if params.logprobs else [], finish_reason="length")
-
-    def fail(self, reason: str) -> None:
-        """Simulate a crash: every pending and later call fails with `reason`."""
-        self._failure = reason
-        for req in [*self._waiting, *self._running]:
-            if not req.future.done():
-                req.future.set_exception(RuntimeError(reason))
-        self._waiting.clear()
-        self._running.clear()
-        self._used = 0
-        if self._task is not None:
-            self._task.cancel()
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        self._cache.clear()
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    async def _serve(self) -> None:
-        m, stats = self.model, self.stats
-        assert self._wake is not None
-        while True:
-            prefill = self._admit()
-            if not self._running:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            b, used = len(self._running), self._used
-            fit = (m.kv_tokens - used) // b
-            if fit == 0:
-                self._preempt()
-                continue
-            k = min(min(r.remaining for r in self._running), m.max_chunk_steps, fit)
-            dt = prefill / m.prefill_tokens_per_s
-            dt += k * (m.base_step_s + m.per_request_step_s * b + m.per_kv_token_step_s * used)
-            dt += m.per_kv_token_step_s * b * k * (k - 1) / 2  # the cache grows during the chunk
-            await asyncio.sleep(dt)
-            stats.busy_s += dt
-            stats.decoded_tokens += b * k
-            self._used += b * k
-            still = []
-            for r in self._running:
-                r.remaining -= k
-                r.context += k
-                r.generated += k
-                if r.remaining > 0:
-                    still.append(r)
-                    continue
-                self._used -= r.context
-                self._cache[r.session] = r.context
-                self._cache.move_to_end(r.session)
-                if not r.future.done():
-                    r.future.set_result(r.generated)
-            self._running = still
-            self._trim_cache()
-
-    def _admit(self) -> int:
-        """Move waiting requests into the batch while they fit; return tokens to prefill."""
-        m, prefill = self.model, 0
-        limit = m.kv_tokens * (1 - m.admit_watermark)
-        while self._waiting and self._used + self._waiting[0].context <= limit:
-            r = self._waiting.popleft()
-            if r.future.done():  # the caller went away
-                continue
-            hit = self._cache.pop(r.session, 0)
-            hit = hit if hit <= r.context else 0
-            prefill += r.context - hit
-            if r.preempted:
-                self.stats.recomputed_tokens += r.context - hit
-            self._used += r.context
-            self._running.append(r)
-            self._trim_cache()
-        self.stats.prefill_tokens += prefill
-        return prefill
-
-    def _preempt(self) -> None:
-        """Out of KV: evict the newest half of the running requests to recompute them later."""
-        keep = len(self._running) // 2
-        evicted = self._running[keep:]
-        self._running = self._running[:keep]
-        for r in reversed(evicted):
-            self._used -= r.context
-            r.preempted = True
-            self._waiting.appendleft(r)
-        self.stats.preemption_events += 1
-        self.stats.preempted_requests += len(evicted)
-
-    def _trim_cache(self) -> None:
-        room = self.model.kv_tokens - self._used
-        total = sum(self._cache.values())
-        while self._cache and total > room:
-            total -= self._cache.popitem(last=False)[1]
+Order = Literal["submitted", "oracle_longest_first", "oracle_group_longest_first"]
 
 
 @dataclass(frozen=True)
@@ -295,6 +85,31 @@ class TrajectorySpec:
     turn_tokens: tuple[int, ...]
     tool_tokens: tuple[int, ...]  # one per tool call; one per turn when a tool used up the budget
     tool_latency_s: tuple[float, ...]
+
+    @property
+    def group(self) -> str:
+        """The problem this is a sample of (its siblings share the problem's difficulty)."""
+        return self.key.rpartition("-")[0]
+
+    @property
+    def response_tokens(self) -> int:
+        """Sampled plus tool tokens: what the trajectory spends of its budget."""
+        return sum(self.turn_tokens) + sum(self.tool_tokens)
+
+
+def order_workload(specs: list[TrajectorySpec], order: Order) -> list[TrajectorySpec]:
+    """Reorder a drawn workload for submission. `oracle_longest_first` sorts by each sample's
+    drawn length (longest-processing-time first, knowing what no scheduler can know);
+    `oracle_group_longest_first` sorts problems by their samples' mean length, the best a
+    scheduler that learns difficulty from finished siblings could know. Stable per seed."""
+    if order == "submitted":
+        return list(specs)
+    if order == "oracle_longest_first":
+        return sorted(specs, key=lambda s: -s.response_tokens)
+    totals: Counter[str] = Counter()
+    for s in specs:
+        totals[s.group] += s.response_tokens
+    return sorted(specs, key=lambda s: -totals[s.group])
 
 
 def draw_workload(scenario: Scenario, seed: int) -> list[TrajectorySpec]:
@@ -408,17 +223,26 @@ class SimResult:
     decoded_tokens: int
     trajectories: int
     failed: int
+    order: str = "submitted"
+    # share of the admitted trajectory-time spent waiting for tools: the most that releasing a
+    # reservation between turns could hand back
+    tool_wait_share: float = 0.0
 
 
 def simulate(
-    scenario: Scenario, config: SchedulerConfig, seed: int, turn_barrier: bool = False
+    scenario: Scenario,
+    config: SchedulerConfig,
+    seed: int,
+    turn_barrier: bool = False,
+    order: Order = "submitted",
 ) -> SimResult:
     """Run one step of `scenario` under `config` on a virtual clock; `turn_barrier` adds
-    VERL v0.2's per-turn synchronisation (`TurnBarrier`) on top of the placement policy."""
-    specs = draw_workload(scenario, seed)
+    VERL v0.2's per-turn synchronisation (`TurnBarrier`) on top of the placement policy and
+    `order` the submission order (see the module docstring)."""
+    specs = order_workload(draw_workload(scenario, seed), order)
     engines = [SimEngine(f"engine-{i}", scenario.engine) for i in range(scenario.engines)]
 
-    async def main() -> tuple[float, int]:
+    async def main() -> tuple[float, int, float]:
         scheduler: Scheduler[int] = Scheduler(engines, config)
         barrier = TurnBarrier() if turn_barrier else None
         jobs = [
@@ -433,9 +257,11 @@ def simulate(
         makespan = asyncio.get_running_loop().time()
         for e in engines:
             await e.close()
-        return makespan, sum(not r.ok for r in results)
+        admitted = sum(r.finished_at - r.started_at for r in results if r.started_at is not None)
+        waiting = sum(sum(s.tool_latency_s) for s in specs)
+        return makespan, sum(not r.ok for r in results), waiting / admitted if admitted else 0.0
 
-    makespan, failed = run_virtual(main())
+    makespan, failed, tool_wait_share = run_virtual(main())
     stats = [e.stats for e in engines]
     return SimResult(
         policy=config.policy.kind,
@@ -448,4 +274,6 @@ def simulate(
         decoded_tokens=sum(s.decoded_tokens for s in stats),
         trajectories=len(specs),
         failed=failed,
+        order=order,
+        tool_wait_share=tool_wait_share,
     )
