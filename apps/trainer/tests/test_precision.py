@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -185,9 +186,7 @@ def test_a_bf16_trained_policy_syncs_into_a_bf16_vllm_engine(tmp_path):
             before = await engine.generate(prompt, params, "before")
             times = await push_weights([engine], policy.state_dict().items())
             after = await engine.generate(prompt, params, "after")
-            head = engine._engine.collective_rpc(
-                lambda worker: worker.model_runner.model.lm_head.weight.detach().cpu().clone()
-            )[0]
+            head = engine._engine.collective_rpc(_lm_head)[0]
             return before, after, head, times
         finally:
             await engine.close()
@@ -195,7 +194,8 @@ def test_a_bf16_trained_policy_syncs_into_a_bf16_vllm_engine(tmp_path):
     before, after, head, times = asyncio.run(scenario())
     assert head.dtype == torch.bfloat16
     assert torch.equal(head, policy.lm_head.weight.detach().to(torch.bfloat16))
-    reference = copy.deepcopy(policy).to(torch.bfloat16).eval()
+    reference: Any = copy.deepcopy(policy)
+    reference = reference.to(torch.bfloat16).eval()
     with torch.no_grad():
         out = reference.generate(
             torch.tensor([prompt]), max_new_tokens=10, do_sample=False, attention_mask=None
@@ -203,3 +203,8 @@ def test_a_bf16_trained_policy_syncs_into_a_bf16_vllm_engine(tmp_path):
     assert after.token_ids == out[0, len(prompt) :].tolist()
     assert after.token_ids != before.token_ids
     assert times.load_s > 0 and times.total_s >= times.load_s
+
+
+def _lm_head(worker: Any) -> torch.Tensor:
+    """The engine's output projection, read inside its worker (vLLM's collective_rpc)."""
+    return worker.model_runner.model.lm_head.weight.detach().cpu().clone()
