@@ -202,7 +202,9 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                 metrics["time_train_s"] = time.perf_counter() - start
                 metrics.update(await sync_weights(parts))
             else:
-                metrics.update(time_train_s=0.0, time_sync_s=0.0, skipped_update=1)
+                metrics.update(
+                    time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1
+                )
 
             switch = curriculum.end_step(
                 StepMetrics(
