@@ -166,6 +166,32 @@ def test_the_loop_on_vllm_and_the_real_sandbox(runner, vllm_engine, sandbox, tok
 
 
 @pytest.mark.slow
+def test_sleep_0_holds_new_requests_until_wake_up(runner, vllm_engine, tokenizer):
+    from rstar2_rollout import SleepingEngine
+    from rstar2_rollout.engines.vllm import SleepModeUnavailable
+
+    assert isinstance(vllm_engine, SleepingEngine) and not vllm_engine.can_sleep
+    params = SamplingParams(max_tokens=12, temperature=0)
+    prompt = _prompts(tokenizer)[0]
+
+    async def scenario():
+        awake = await vllm_engine.generate(prompt, params, "z0")
+        await vllm_engine.sleep(0)
+        with pytest.raises(SleepModeUnavailable, match="enable_sleep_mode"):
+            await vllm_engine.sleep(1)
+        held = asyncio.ensure_future(vllm_engine.generate(prompt, params, "z1"))
+        cancelled = asyncio.ensure_future(vllm_engine.generate(prompt, params, "z2"))
+        await asyncio.sleep(0.5)
+        assert not held.done() and vllm_engine.sleeping
+        cancelled.cancel()
+        await vllm_engine.wake_up()
+        return awake, await held
+
+    awake, held = runner.run(scenario())
+    assert held.token_ids == awake.token_ids and not vllm_engine.sleeping
+
+
+@pytest.mark.slow
 def test_an_engine_that_dies_fails_its_requests_with_the_reason(runner, vllm_engine, monkeypatch):
     """Last in the module: it kills the shared engine (a fault injected into vLLM's step)."""
 
@@ -191,32 +217,6 @@ def test_sleep_mode_on_a_platform_without_it_is_refused_with_the_fix(tiny_model)
         pytest.skip("this vLLM build has sleep mode")
     with pytest.raises(SleepModeUnavailable, match="enable_sleep_mode: false"):
         VLLMEngine(VLLMEngineConfig(model=str(tiny_model), enable_sleep_mode=True))
-
-
-@pytest.mark.slow
-def test_sleep_0_holds_new_requests_until_wake_up(runner, vllm_engine, tokenizer):
-    from rstar2_rollout import SleepingEngine
-    from rstar2_rollout.engines.vllm import SleepModeUnavailable
-
-    assert isinstance(vllm_engine, SleepingEngine) and not vllm_engine.can_sleep
-    params = SamplingParams(max_tokens=12, temperature=0)
-    prompt = _prompts(tokenizer)[0]
-
-    async def scenario():
-        awake = await vllm_engine.generate(prompt, params, "z0")
-        await vllm_engine.sleep(0)
-        with pytest.raises(SleepModeUnavailable, match="enable_sleep_mode"):
-            await vllm_engine.sleep(1)
-        held = asyncio.ensure_future(vllm_engine.generate(prompt, params, "z1"))
-        cancelled = asyncio.ensure_future(vllm_engine.generate(prompt, params, "z2"))
-        await asyncio.sleep(0.5)
-        assert not held.done() and vllm_engine.sleeping
-        cancelled.cancel()
-        await vllm_engine.wake_up()
-        return awake, await held
-
-    awake, held = runner.run(scenario())
-    assert held.token_ids == awake.token_ids and not vllm_engine.sleeping
 
 
 @pytest.fixture(scope="module")

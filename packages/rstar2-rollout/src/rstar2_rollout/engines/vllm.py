@@ -69,6 +69,10 @@ class SleepModeUnavailable(RuntimeError):
 @contextmanager
 def _build_env(config: VLLMEngineConfig, on_cpu: bool):
     """The environment vLLM reads while the engine is built, restored afterwards."""
+    import vllm.envs
+
+    # vLLM caches its environment once an engine has started; a second engine must re-read it.
+    vllm.envs.disable_envs_cache()
     values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if on_cpu and config.tensor_parallel_size > 1:
         values["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
