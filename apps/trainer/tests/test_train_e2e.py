@@ -65,7 +65,8 @@ def test_tiny_run_end_to_end(tmp_path):
     steps = _rl_steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2, 3]
     for r in steps:
-        for key in ("reward", "time_rollout_s", "time_train_s", "engine_idle_share", "kept"):
+        keys = ("reward", "time_rollout_s", "time_train_s", "engine_idle_share", "kept")
+        for key in (*keys, "time_sleep_s", "time_sync_s"):
             assert key in r, key
         assert r["trajectories"] == 2 * 4  # batch 2 x 2G=4 rollouts
     sft = [r for r in records if r["phase"] == "sft"]

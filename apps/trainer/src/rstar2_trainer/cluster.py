@@ -17,8 +17,13 @@ trainer's loop does not change:
   tensors); every other engine gets the same object until the weights change (tracked by each
   tensor's storage and in-place version counter). Each actor loads it and resets its prefix cache;
   `sync_weights` runs all engines at once and returns the seconds of the put and the slowest load.
-- Colocated engines (`colocate: true`) sleep during the update (`sleep_engines`/`wake_engines`):
-  vLLM's sleep mode, on CUDA/ROCm only; refused at start-up where unavailable.
+- Tensor parallel: an engine actor holds `gpus_per_engine` GPUs (Ray's `num_gpus`, so Ray sets
+  its CUDA_VISIBLE_DEVICES to them) and its vLLM engine runs `tensor_parallel_size =
+  gpus_per_engine` worker processes on them.
+- Colocated engines (`colocate: true`) are built with vLLM's sleep mode: `RayEngine` is a
+  `SleepingEngine`, so `weight_sync.release_engines` puts them to sleep (`sleep_level`) before the
+  update and `weight_sync.push_weights` wakes weights, loads, then wakes the KV cache. Sleep mode is
+  CUDA/ROCm only: colocation with CPU engines (`gpus_per_engine: 0`) is refused at start-up.
 - The policy update runs in the driver; `train_workers.TrainGroup` places FSDP2 ranks as actors
   for a loop that trains on the cluster's GPUs (not wired into the trainer's loop yet).
 
@@ -118,6 +123,8 @@ class RayEngine:
         self._capacity = capacity
         self._publisher = publisher
         self.last_load_s = 0.0
+        self.can_sleep = False  # set by start_engines from the actor
+        self.sleeping = False
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
@@ -147,13 +154,13 @@ class RayEngine:
         self._capacity = await self.actor.kv_capacity.remote()
         return self.last_load_s
 
-    async def sleep(self) -> float:
-        return await self.actor.sleep.remote()
+    async def sleep(self, level: int = 1) -> None:
+        await self.actor.sleep.remote(level)
+        self.sleeping = True
 
-    async def wake_up(self) -> float:
-        seconds = await self.actor.wake_up.remote()
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        self.sleeping = not await self.actor.wake_up.remote(list(tags) if tags else None)
         self._capacity = await self.actor.kv_capacity.remote()
-        return seconds
 
     async def close(self) -> None:
         ray = _ray()
@@ -192,19 +199,6 @@ async def sync_weights(
         load_s=max(e.last_load_s for e in targets),
         total_s=time.perf_counter() - start,
     )
-
-
-async def sleep_engines(engines: Sequence[Engine]) -> float:
-    """Colocated mode: every engine frees its GPU memory before the update; return seconds."""
-    start = time.perf_counter()
-    await asyncio.gather(*(e.sleep() for e in ray_engines(engines)))
-    return time.perf_counter() - start
-
-
-async def wake_engines(engines: Sequence[Engine]) -> float:
-    start = time.perf_counter()
-    await asyncio.gather(*(e.wake_up() for e in ray_engines(engines)))
-    return time.perf_counter() - start
 
 
 class VerifyPool:
@@ -297,18 +291,10 @@ def engine_nodes(cluster: ClusterConfig) -> list[dict[str, Any]]:
 
 
 def _check_engine_support(cluster: ClusterConfig) -> None:
-    from rstar2_rollout.config import VLLMEngineConfig
-
-    fields = VLLMEngineConfig.model_fields
-    if cluster.gpus_per_engine > 1 and "tensor_parallel_size" not in fields:
+    if cluster.colocate and cluster.gpus_per_engine == 0:
         raise ClusterError(
-            "gpus_per_engine > 1 needs tensor parallel in rstar2_rollout's VLLMEngine, which this "
-            "version lacks; use gpus_per_engine: 1 and more engines_per_node"
-        )
-    if cluster.colocate and "enable_sleep_mode" not in fields:
-        raise ClusterError(
-            "colocate needs vLLM sleep mode in rstar2_rollout's VLLMEngine, which this version "
-            "lacks; set cluster.colocate: false and give engines their own GPUs"
+            "colocate needs GPU engines (vLLM sleep mode is CUDA/ROCm only); set "
+            "cluster.gpus_per_engine >= 1, or cluster.colocate: false for CPU engines"
         )
 
 
@@ -321,11 +307,6 @@ async def start_engines(
 
     ray = _ray()
     _check_engine_support(cluster)
-    extra: dict[str, Any] = {}
-    if cluster.gpus_per_engine > 1:
-        extra["tensor_parallel_size"] = cluster.gpus_per_engine
-    if cluster.colocate:
-        extra["enable_sleep_mode"] = True
     publisher = WeightPublisher()
     actors, names = [], []
     for n, node in enumerate(engine_nodes(cluster)):
@@ -338,7 +319,8 @@ async def start_engines(
                 max_num_seqs=config.engine.max_num_seqs,
                 seed=config.run.seed + len(actors),
                 dtype=config.engine.dtype,
-                **extra,
+                tensor_parallel_size=max(1, cluster.gpus_per_engine),
+                enable_sleep_mode=cluster.colocate,
             )
             actor = (
                 ray.remote(EngineActor)
@@ -357,18 +339,20 @@ async def start_engines(
         capacities = await asyncio.wait_for(
             asyncio.gather(*(a.kv_capacity.remote() for a in actors)), cluster.start_timeout_s
         )
-        if cluster.colocate and not all(
-            await asyncio.gather(*(a.can_sleep.remote() for a in actors))
-        ):
+        can_sleep = await asyncio.gather(*(a.can_sleep.remote() for a in actors))
+        if cluster.colocate and not all(can_sleep):
             raise ClusterError("colocate: the engines cannot sleep on this platform")
     except BaseException:
         for actor in actors:
             ray.kill(actor)
         raise
-    return [
+    engines = [
         RayEngine(a, name, cap, publisher)
         for a, name, cap in zip(actors, names, capacities, strict=True)
     ]
+    for engine, sleeps in zip(engines, can_sleep, strict=True):
+        engine.can_sleep = sleeps
+    return engines
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rstar2_algos import AlgoConfig, GrpoRocConfig
 from rstar2_curriculum import CurriculumConfig
@@ -99,6 +99,19 @@ class OptimConfig(_Section):
     )
 
 
+class TrainSettings(_Section):
+    """Where and in what precision the policy trains (SFT and RL updates alike)."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="auto: the first GPU when one is visible (CUDA or ROCm), else cpu.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="bfloat16: autocast forward/backward, fp32 master weights and optimizer state.",
+    )
+
+
 class EngineSettings(_Section):
     """The rollout engine: vLLM in-process (the CPU build here), or transformers."""
 
@@ -164,6 +177,10 @@ class ClusterConfig(BaseModel):
     colocate: bool = Field(
         default=False, description="Engines share GPUs with training and sleep during updates."
     )
+    sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description="Colocated sleep: 1 offloads engine weights to host RAM, 2 drops them.",
+    )
     sandbox_workers: int = Field(default=8, gt=0, description="Sandbox workers on each node.")
     verify_workers: int = Field(default=2, gt=0, description="Verify workers on each node.")
     start_timeout_s: float = Field(
@@ -178,6 +195,9 @@ class TrainerConfig(_Section):
     model: ModelConfig = Field(default_factory=TinyModelConfig, description="The policy model.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Non-reasoning SFT.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="RL optimizer.")
+    train: TrainSettings = Field(
+        default_factory=TrainSettings, description="Training device and precision."
+    )
     engine: EngineSettings = Field(default_factory=EngineSettings, description="Rollout engine.")
     scheduler: SchedulerConfig = Field(
         default_factory=SchedulerConfig, description="Placement of trajectories on engines."
@@ -199,6 +219,17 @@ class TrainerConfig(_Section):
     cluster: ClusterConfig | None = Field(
         default=None, description="Run on a Ray cluster (docs/LAUNCH.md); None: this machine."
     )
+
+    @model_validator(mode="after")
+    def _engine_matches_training_precision(self) -> TrainerConfig:
+        # Rollout logprobs and the update must see one precision of the weights; a vLLM engine's
+        # loader casts the synced fp32 master weights to its dtype, as autocast does in training.
+        if self.engine.kind == "vllm" and self.engine.dtype != self.train.dtype:
+            raise ValueError(
+                f"engine.dtype {self.engine.dtype} differs from train.dtype {self.train.dtype}; "
+                f"set engine.dtype: {self.train.dtype}"
+            )
+        return self
 
 
 def recipes() -> list[str]:
@@ -236,6 +267,8 @@ def load_config(recipe: str | Path = "tiny", overrides: list[str] | None = None)
         return TrainerConfig.model_validate(tree)
     except ValidationError as exc:
         err = exc.errors()[0]
+        if not err["loc"]:  # a check across sections: its message says what to set
+            raise ConfigError(str(err["msg"]).removeprefix("Value error, ")) from None
         where = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"unknown key {where!r} in {path.name}") from None

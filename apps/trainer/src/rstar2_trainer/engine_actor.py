@@ -4,16 +4,16 @@
 generation turn at a time (any number concurrently: they share vLLM's running batch), reports
 its KV-cache capacity with every answer so the driver's scheduler sees fresh numbers without a
 blocking call, and loads new weights from the object store, reporting the seconds it took. Sleep
-and wake (free the GPU for a colocated update) call the engine's `sleep` / `wake_up` when the
-installed rollout package's engine has them; vLLM offers sleep mode on CUDA and ROCm only.
+and wake (free the GPU for a colocated update) call the engine's `sleep(level)` / `wake_up(tags)`;
+the engine must be built with `enable_sleep_mode` (vLLM offers it on CUDA and ROCm only).
 
 `NodeServers` starts `rstar2-sandbox serve` and `rstar2-verify serve` as child processes of the
 actor on its node's IP address with free ports (the paper ran its code environment on the
 cluster's CPUs), and stops them when asked or when the actor dies (the children get SIGTERM
 when their parent exits).
 
-These classes are plain: `cluster.py` wraps them with `ray.remote` and places them. Not covered:
-tensor parallel inside `VLLMEngine` (its executor is single-process; see LAUNCH.md).
+These classes are plain: `cluster.py` wraps them with `ray.remote` and places them. With
+`tensor_parallel_size` > 1 the engine spawns one worker process per GPU the actor holds.
 """
 
 from __future__ import annotations
@@ -63,24 +63,16 @@ class EngineActor:
         return time.perf_counter() - start
 
     def can_sleep(self) -> bool:
-        return hasattr(self._engine, "sleep") and hasattr(self._engine, "wake_up")
+        return self._engine.can_sleep
 
-    async def sleep(self) -> float:
-        """Free accelerator memory (weights offloaded, KV cache dropped) for an update."""
-        return await self._timed("sleep")
+    async def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory for an update (1: offload weights, 2: drop them too)."""
+        await self._engine.sleep(level)
 
-    async def wake_up(self) -> float:
-        return await self._timed("wake_up")
-
-    async def _timed(self, method: str) -> float:
-        if not self.can_sleep():
-            raise RuntimeError(
-                f"engine {self.name}: this rollout package's VLLMEngine has no sleep/wake_up; "
-                "colocated engines need it (vLLM sleep mode, CUDA/ROCm only)"
-            )
-        start = time.perf_counter()
-        await getattr(self._engine, method)()
-        return time.perf_counter() - start
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Restore `tags` ("weights", "kv_cache"; None: all); True once fully awake."""
+        await self._engine.wake_up(tags)
+        return not self._engine.sleeping
 
     async def close(self) -> None:
         await self._engine.close()

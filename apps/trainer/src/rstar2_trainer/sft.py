@@ -3,7 +3,8 @@
 Token-level cross-entropy over the assistant tokens only (loss mask 1), AdamW with linear warm-up
 and cosine decay (the paper's SFT schedule, scaled down). The examples come from the curriculum's
 conversations encoded by the rollout package's chat template, so the model learns exactly the
-token stream the agent loop will later produce.
+token stream the agent loop will later produce. The model must already be on `precision.device`;
+bf16 runs the forward under autocast with fp32 master weights (see `precision`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rstar2_trainer.batching import make_batch, response_logprobs
+from rstar2_trainer.precision import FP32_CPU, Precision
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ def train_sft(
     seed: int,
     pad_id: int,
     on_step: Callable[[int, int, float], None] | None = None,
+    precision: Precision = FP32_CPU,
 ) -> SFTResult:
     """Train `model` in place on `examples` ((ids, mask) pairs); return the loss trajectory."""
     rng = random.Random(seed)
@@ -61,13 +64,16 @@ def train_sft(
         for start in range(0, len(order), batch_size):
             rows = [examples[i] for i in order[start : start + batch_size]]
             # Score every token after the first as a "response" of a one-token prompt.
-            batch = make_batch(
-                [ids[:1] for ids, _ in rows],
-                [ids[1:] for ids, _ in rows],
-                [mask[1:] for _, mask in rows],
-                pad_id,
+            batch = precision.batch(
+                make_batch(
+                    [ids[:1] for ids, _ in rows],
+                    [ids[1:] for ids, _ in rows],
+                    [mask[1:] for _, mask in rows],
+                    pad_id,
+                )
             )
-            logp, _ = response_logprobs(model, batch)  # [B, T]
+            with precision.autocast():
+                logp, _ = response_logprobs(model, batch)  # [B, T]
             n = batch.response_mask.sum().clamp(min=1)
             loss = -(logp * batch.response_mask).sum() / n
             optimizer.zero_grad(set_to_none=True)

@@ -35,18 +35,19 @@ from rstar2_trainer.cluster import open_cluster_parts
 from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.evaluate import evaluate, held_out_problems
+from rstar2_trainer.precision import FP32_CPU, Precision
 from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
 from rstar2_trainer.sft import train_sft
 from rstar2_trainer.stats import group_stats, trajectory_stats
 from rstar2_trainer.update import make_optimizer, policy_update, warmup_lr
+from rstar2_trainer.weight_sync import push_weights, release_engines
 
 
-async def sync_weights(parts: Parts) -> float:
-    """Push the policy's weights into every engine at once (prefix caches reset); seconds."""
-    start = time.perf_counter()
-    items = list(parts.model.state_dict().items())
-    await asyncio.gather(*(engine.update_weights(items) for engine in parts.engines))
-    return time.perf_counter() - start
+async def sync_weights(parts: Parts) -> dict[str, float]:
+    """Push the policy's weights into every engine at once (sleeping engines woken, prefix
+    caches reset); the times as metrics (`time_sync_s` the whole)."""
+    times = await push_weights(parts.engines, parts.model.state_dict().items())
+    return times.as_metrics()
 
 
 async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
@@ -86,7 +87,10 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
 
     corpus = tokenizer_corpus(problems, traces, config.rollout.system_prompt)
     opener = open_parts if config.cluster is None else open_cluster_parts
+    precision = Precision.from_settings(config.train.device, config.train.dtype)
+    sleep_level = config.cluster.sleep_level if config.cluster is not None else 1
     async with opener(config, run_dir, corpus) as parts:
+        parts.model.to(precision.device)  # fp32 master weights, on the training device
         model, pad_id = parts.model, _pad_id(parts.tokenizer)
         optimizer = make_optimizer(
             model, config.optim.lr, config.optim.betas, config.optim.weight_decay
@@ -110,7 +114,7 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
             await sync_weights(parts)
             await run_eval("before_sft", 0)
             if config.sft.enabled:
-                run_sft(config, parts, traces, log, pad_id)
+                run_sft(config, parts, traces, log, pad_id, precision)
                 await sync_weights(parts)
             await run_eval("after_sft", 0)
             save_checkpoint(
@@ -179,6 +183,9 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
             }
             start = time.perf_counter()
             if selection.trajectories:
+                # Colocated engines free their GPU memory for the update; the sync wakes them.
+                metrics["time_sleep_s"] = await release_engines(parts.engines, sleep_level)
+                start = time.perf_counter()
                 advantages = algo.advantages(selection).float()  # [K]
                 result = policy_update(
                     model,
@@ -189,13 +196,16 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                     pad_id=pad_id,
                     micro_batch_tokens=config.optim.micro_batch_tokens,
                     grad_clip=config.optim.grad_clip,
+                    precision=precision,
                     temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
                 )
                 metrics.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
                 metrics["time_train_s"] = time.perf_counter() - start
-                metrics["time_sync_s"] = await sync_weights(parts)
+                metrics.update(await sync_weights(parts))
             else:
-                metrics.update(time_train_s=0.0, time_sync_s=0.0, skipped_update=1)
+                metrics.update(
+                    time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1
+                )
 
             switch = curriculum.end_step(
                 StepMetrics(
@@ -245,7 +255,12 @@ def tokenizer_corpus(problems: list, traces: list, style: str = "paper") -> list
 
 
 def run_sft(
-    config: TrainerConfig, parts: Parts, traces: list, log: MetricsLog, pad_id: int
+    config: TrainerConfig,
+    parts: Parts,
+    traces: list,
+    log: MetricsLog,
+    pad_id: int,
+    precision: Precision = FP32_CPU,
 ) -> None:
     """Non-reasoning SFT on the curriculum's synthetic traces, encoded as the agent loop would."""
     style = config.rollout.system_prompt
@@ -269,6 +284,7 @@ def run_sft(
             seed=config.run.seed,
             pad_id=pad_id,
             on_step=on_step,
+            precision=precision,
         )
     report.console.print(
         f"SFT: {result.steps} steps on {len(examples)} traces, loss {result.first_loss:.3f} -> "

@@ -6,7 +6,8 @@ batch's normaliser (its loss tokens for token-level aggregation, its rows otherw
 accumulated gradient equals the gradient of the loss over the whole batch, however it is split.
 There is one optimizer step per RL step, so the "old" policy is the current one: its logprobs are
 the detached logprobs of the same forward pass (ratio 1, as in the public port; the clip only
-matters with several updates per batch, which this trainer does not do).
+matters with several updates per batch, which this trainer does not do). The model must already
+be on `precision.device`; its forward runs under `precision.autocast()` (bf16 mixed precision).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from rstar2_algos import Algorithm
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.batching import make_batch, response_logprobs, token_budget_chunks
+from rstar2_trainer.precision import FP32_CPU, Precision
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ def policy_update(
     pad_id: int,
     micro_batch_tokens: int,
     grad_clip: float,
+    precision: Precision = FP32_CPU,
     temperature: float = 1.0,
 ) -> UpdateResult:
     """One optimizer step on `kept`; returns the loss and the algorithm's metrics.
@@ -47,6 +50,7 @@ def policy_update(
     distribution the tokens were drawn from.
     """
     model.train()
+    advantages = advantages.to(precision.device)
     token_level = algo.config.aggregation == "token_mean"
     total_tokens = sum(sum(t.loss_mask) for t in kept)
     normalizer = float(total_tokens if token_level else len(kept))
@@ -57,15 +61,18 @@ def policy_update(
     loss_total = 0.0
     for chunk in token_budget_chunks(lengths, micro_batch_tokens):
         rows = [kept[i] for i in chunk]
-        batch = make_batch(
-            [t.prompt_ids for t in rows],
-            [t.response_ids for t in rows],
-            [t.loss_mask for t in rows],
-            pad_id,
+        batch = precision.batch(
+            make_batch(
+                [t.prompt_ids for t in rows],
+                [t.response_ids for t in rows],
+                [t.loss_mask for t in rows],
+                pad_id,
+            )
         )
-        logp, entropy = response_logprobs(
-            model, batch, with_entropy=True, temperature=temperature
-        )  # [B, T]
+        with precision.autocast():
+            logp, entropy = response_logprobs(
+                model, batch, with_entropy=True, temperature=temperature
+            )  # [B, T]
         loss, metrics = algo.policy_loss(
             logp,
             logp.detach(),

@@ -21,7 +21,13 @@ from rstar2_rollout.config import (
     VLLMEngineConfig,
     WorkerConfig,
 )
-from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engine import (
+    Engine,
+    Generation,
+    KVCapacity,
+    SamplingParams,
+    SleepingEngine,
+)
 from rstar2_rollout.engines import build_engine
 from rstar2_rollout.loop import Problem, Rollout, format_tool_result, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
@@ -57,6 +63,7 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerConfig",
+    "SleepingEngine",
     "StaticPolicy",
     "Timings",
     "ToolCallRecord",

