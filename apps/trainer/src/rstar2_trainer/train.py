@@ -43,6 +43,8 @@ from rstar2_trainer.update import make_optimizer, policy_update, warmup_lr
 
 async def sync_weights(parts: Parts) -> float:
     """Push the policy's weights into every engine at once (prefix caches reset); seconds."""
+    if parts.remote is not None:  # engines on rollout workers: one payload, sent to each
+        return await parts.remote.push_weights(parts.model.state_dict().items())
     start = time.perf_counter()
     items = list(parts.model.state_dict().items())
     await asyncio.gather(*(engine.update_weights(items) for engine in parts.engines))

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,9 +122,21 @@ def _build_engines(configs: list[VLLMEngineConfig | HFEngineConfig]) -> list[Any
     return engines
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
+def _check_port_free(host: str, port: int) -> None:
+    if port == 0:
+        return
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"port {port} on {host} is already in use; choose another --port (0 picks a"
+                    " free one)"
+                ) from None
 
+
+async def _serve(args: argparse.Namespace) -> None:
     from rstar2_rollout.scheduler import Scheduler
     from rstar2_rollout.server import bind
     from rstar2_rollout.weights import WeightSpec
@@ -140,6 +154,7 @@ async def _serve(args: argparse.Namespace) -> None:
         scheduling = SchedulerConfig(
             policy=KVAwarePolicy(kv_tokens_fallback=4 * args.max_model_len)
         )
+    _check_port_free(args.host, args.port)
     try:
         server = bind(f"{args.host}:{args.port}")
     except OSError as exc:
@@ -151,6 +166,8 @@ async def _serve(args: argparse.Namespace) -> None:
         engines = _build_engines(configs)
         for engine in engines:
             stack.push_async_callback(engine.close)
+        from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         produce, prompt_tokens = agent_producer(sandbox, tokenizer, rollout)
         scheduler: Scheduler = Scheduler(engines, scheduling)
