@@ -37,7 +37,7 @@ SMALL = [
 
 
 def test_remote_needs_workers_and_excludes_cluster() -> None:
-    with pytest.raises(ConfigError, match="remote.workers"):
+    with pytest.raises(ConfigError, match=r"remote\.workers"):
         load_config("tiny", ["remote.workers=[]"])
     with pytest.raises(ConfigError, match="set cluster or remote, not both"):
         load_config("tiny", ["remote.workers=[127.0.0.1:1]", "cluster.kind=ray"])

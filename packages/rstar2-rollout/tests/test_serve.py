@@ -109,7 +109,7 @@ def test_payload_headers_and_the_model_spec(tiny_model: Path) -> None:
     assert {n: i.shape for n, i in header.items()} == {n: tuple(t.shape) for n, t in state.items()}
     assert {n: i.shape for n, i in spec.tensors.items()} == {n: i.shape for n, i in header.items()}
     spec.check(header)
-    with pytest.raises(InvalidWeights, match="cut off|do not hold"):
+    with pytest.raises(InvalidWeights, match=r"cut off|do not hold"):
         read_header(data[: len(data) // 2])
     with pytest.raises(InvalidWeights, match="no header"):
         read_header(b"\x01")
