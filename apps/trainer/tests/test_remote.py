@@ -81,6 +81,8 @@ def worker(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     for p in (proc, sandbox):
         p.send_signal(signal.SIGTERM)
         p.wait(30)
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def _greedy(address: str) -> list[int]:
@@ -102,8 +104,7 @@ def test_trainer_rolls_out_on_a_remote_worker(tmp_path: Path, worker: tuple[Path
         "tiny",
         f"run.output_dir={run_dir}",
         *SMALL,
-        "model.kind=pretrained",
-        f"model.path={model}",
+        f"model={{kind: pretrained, path: {model}}}",
         f"remote.workers=[{address}]",
     ]
     proc = subprocess.run(

@@ -58,6 +58,8 @@ def sandbox_address() -> Iterator[str]:
     yield address
     proc.terminate()
     proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 # ---------------------------------------------------------------- one-line user mistakes
@@ -167,6 +169,8 @@ def test_serve_generates_takes_new_weights_and_refuses_bad_ones(
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert code == 0  # a clean shutdown on SIGTERM
     assert update.tensors == len(original) and update.engines == ["vllm-0"]
     assert update.bytes > 3 * sum(t.numel() for t in original.values())  # float32 went over

@@ -136,7 +136,8 @@ class RolloutWorker:
         self._prompt_tokens = prompt_tokens
         self._gate: asyncio.Condition | None = None  # created on the serving loop
         self._generating = 0
-        self._updating = False
+        self._updates = 0  # updates waiting or running: new generations wait behind them
+        self._loading: asyncio.Lock | None = None  # one update at a time
 
     def check(self, problems: Sequence[Problem], sampling: RolloutSampling) -> RolloutSampling:
         """Validate a request and fill its defaults; raise InvalidRolloutRequest/NoHealthyEngine."""
@@ -191,7 +192,7 @@ class RolloutWorker:
         resolved = self.check(problems, sampling)
         gate = self._condition()
         async with gate:
-            await gate.wait_for(lambda: not self._updating)
+            await gate.wait_for(lambda: self._updates == 0)
             self._generating += 1
         try:
             async for result in self._generate(problems, resolved):
@@ -241,23 +242,29 @@ class RolloutWorker:
         """Load checked (name, tensor) pairs into every healthy engine between generations."""
         self.check_weights({n: TensorInfo(str(t.dtype), tuple(t.shape)) for n, t in named_tensors})
         gate = self._condition()
+        if self._loading is None:
+            self._loading = asyncio.Lock()
         async with gate:
-            await gate.wait_for(lambda: not self._updating and self._generating == 0)
-            self._updating = True
+            self._updates += 1
         try:
-            healthy = {s.name for s in self.scheduler.status() if s.healthy}
-            targets = [e for e in self.engines if e.name in healthy]
-            if not targets:
-                raise NoHealthyEngine("no healthy engine on this worker: " + self._reasons())
-            start = time.perf_counter()
-            await asyncio.gather(*(e.update_weights(named_tensors) for e in targets))
-            return WeightLoad(
-                len(named_tensors), [e.name for e in targets], time.perf_counter() - start
-            )
+            async with gate:
+                await gate.wait_for(lambda: self._generating == 0)
+            async with self._loading:
+                return await self._load(named_tensors)
         finally:
             async with gate:
-                self._updating = False
+                self._updates -= 1
                 gate.notify_all()
+
+    async def _load(self, named_tensors: Sequence[tuple[str, Any]]) -> WeightLoad:
+        healthy = {s.name for s in self.scheduler.status() if s.healthy}
+        targets = [e for e in self.engines if e.name in healthy]
+        if not targets:
+            raise NoHealthyEngine("no healthy engine on this worker: " + self._reasons())
+        start = time.perf_counter()
+        await asyncio.gather(*(e.update_weights(named_tensors) for e in targets))
+        names = [e.name for e in targets]
+        return WeightLoad(len(named_tensors), names, time.perf_counter() - start)
 
     def info(self) -> list[EngineStatus]:
         return self.scheduler.status()
