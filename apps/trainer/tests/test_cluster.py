@@ -154,6 +154,7 @@ def test_engines_spread_by_free_kv_and_sync_weights(tmp_path):
 
                 return Job(run, len(prompt), 1200)  # only one fits an engine's KV at a time
 
+            assert parts.scheduler is not None
             results = await parts.scheduler.run([job(i) for i in range(6)])
             assert all(r.ok for r in results), [r.error for r in results]
             out["engines"] = [r.engine for r in results]

@@ -253,3 +253,40 @@ def test_real_engines_agent_loop_and_sandbox_behind_the_worker(
     assert len(again) == 6
     assert {e.name for e in info.engines} == {"hf-0", "hf-1"}
     assert all(e.healthy and e.running == 0 and e.capacity is None for e in info.engines)
+
+
+def test_a_weight_update_waits_for_running_generations_and_holds_new_ones() -> None:
+    import torch
+
+    from rstar2_rollout.weights import InvalidWeights, TensorInfo, WeightSpec
+
+    spec = WeightSpec({"w": TensorInfo("F32", (2, 2))})
+
+    async def main():
+        sims = [SimEngine(f"engine-{i}", FAST) for i in range(2)]
+        worker = RolloutWorker(
+            Scheduler(sims), produce, lambda p: len(prompt_ids(p)), engines=sims, weights=spec
+        )
+        events: list[str] = []
+        sampling = RolloutSampling(n=4, max_response_tokens=300)
+
+        async def generate(tag: str) -> None:
+            async for _ in worker.generate(PROBLEMS, sampling):
+                pass
+            events.append(tag)
+
+        first = asyncio.create_task(generate("first generation done"))
+        await asyncio.sleep(TOOL_S / 2)  # the first generation is running
+        update = asyncio.create_task(worker.update_weights([("w", torch.ones(2, 2))]))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(generate("second generation done"))
+        done = await update
+        events.append("update done")
+        await asyncio.gather(first, second)
+        with pytest.raises(InvalidWeights, match=r"'w' has shape \[3\]; the model's is \[2, 2\]"):
+            await worker.update_weights([("w", torch.ones(3))])
+        return events, done
+
+    events, done = asyncio.run(main())
+    assert events == ["first generation done", "update done", "second generation done"]
+    assert done.tensors == 1 and done.engines == ["engine-0", "engine-1"]

@@ -4,7 +4,8 @@
 `open_parts` is an async context manager that stops them in reverse order on any exit.
 The sandbox and verify servers run as child processes on loopback by default, reached over
 gRPC exactly as on a cluster; `mode=address` connects to running ones, `mode=local` runs them
-in-process (for debugging).
+in-process (for debugging). With a `remote` section, `open_parts` hands over to
+`remote.open_remote_parts`: no local engine, scheduler or sandbox, `Parts.remote` set.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +26,9 @@ from rstar2_trainer.config import PretrainedModelConfig, ServiceConfig, TrainerC
 from rstar2_trainer.servers import ChildServer, console_script
 from rstar2_trainer.verifier import Verifier
 
+if TYPE_CHECKING:
+    from rstar2_trainer.remote import RemoteWorkers
+
 
 @dataclass
 class Parts:
@@ -33,11 +37,12 @@ class Parts:
     model_dir: Path
     model: Any  # transformers PreTrainedModel, the policy being trained
     tokenizer: Any
-    engines: list[EngineMeter]  # each engine, metered for idle time
-    scheduler: Scheduler
-    sandbox: Sandbox
+    engines: list[EngineMeter]  # each engine, metered for idle time (none when remote)
+    scheduler: Scheduler | None  # None when rollouts run on remote workers
+    sandbox: Sandbox | None  # None when rollouts run on remote workers (they call their own)
     verifier: Verifier
     servers: list[ChildServer] = field(default_factory=list)
+    remote: RemoteWorkers | None = None  # the rollout workers, in remote mode
 
     def check_servers(self) -> None:
         """Raise ServerError if a child server died."""
@@ -188,6 +193,12 @@ async def open_parts(
     config: TrainerConfig, run_dir: Path, corpus: Sequence[str] = ()
 ) -> AsyncIterator[Parts]:
     """Build every part; stop them all, in reverse order, however the block exits."""
+    if config.remote is not None:
+        from rstar2_trainer.remote import open_remote_parts
+
+        async with open_remote_parts(config, run_dir, corpus) as parts:
+            yield parts
+        return
     async with contextlib.AsyncExitStack() as stack:
         servers: list[ChildServer] = []
         stack.callback(_stop_all, servers)

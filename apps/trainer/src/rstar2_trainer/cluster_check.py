@@ -29,6 +29,7 @@ async def check(config: TrainerConfig, cluster: ClusterConfig, run_dir: Path) ->
     start = time.perf_counter()
     async with open_cluster_parts(config, run_dir, cluster=cluster) as parts:
         print(f"placed in {time.perf_counter() - start:.1f} s")
+        assert parts.sandbox is not None and parts.scheduler is not None  # cluster parts have both
         infos = await parts.sandbox.info()  # type: ignore[attr-defined]  (a SandboxClient)
         for info in infos:
             print(f"sandbox server {info.address}: {info.workers} workers, {info.confinements}")

@@ -20,7 +20,7 @@ from rstar2_rollout import Engine, Generation, KVCapacity, RolloutConfig, Sampli
 from rstar2_rollout.loop import derive_seed, run_agent
 from rstar2_rollout.scheduler import Job
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.verifier import answer_text
+from rstar2_trainer.verifier import Verifier, answer_text
 
 if TYPE_CHECKING:
     from rstar2_trainer.build import Parts
@@ -93,7 +93,12 @@ async def collect(
     on_done: Callable[[], None] | None = None,
 ) -> Collected:
     """Roll out `n` trajectories per problem on `parts` and grade each as it finishes."""
+    if parts.remote is not None:
+        from rstar2_trainer.remote import collect_remote
+
+        return await collect_remote(problems, n, parts, config, on_done)
     scheduler, meters, sandbox = parts.scheduler, parts.engines, parts.sandbox
+    assert scheduler is not None and sandbox is not None
     verifier, tokenizer = parts.verifier, parts.tokenizer
     from rstar2_rollout.chat import ChatFormat, system_prompt
 
@@ -116,19 +121,11 @@ async def collect(
     failed: list[str] = []
     grading: list[asyncio.Task] = []
 
-    async def grade_one(traj: Trajectory) -> None:
-        problem = by_id[traj.group_id]
-        text = answer_text(traj.final_answer)
-        if not text:
-            traj.reward = 0.0
-            return
-        (grade,) = await verifier.grade_many([(text, problem.answer)])
-        traj.reward = 1.0 if grade.correct else 0.0
-
     async for result in scheduler.stream(jobs):
         if result.ok and result.value is not None:
             trajectories.append(result.value)
-            grading.append(asyncio.create_task(grade_one(result.value)))
+            problem = by_id[result.value.group_id]
+            grading.append(asyncio.create_task(grade_trajectory(verifier, problem, result.value)))
         else:
             failed.append(result.error or "unknown")
         if on_done is not None:
@@ -148,6 +145,16 @@ async def collect(
         tool_s=sum(t.timings.tool_s for t in ordered),
         generate_s=sum(t.timings.generate_s for t in ordered),
     )
+
+
+async def grade_trajectory(verifier: Verifier, problem: Problem, traj: Trajectory) -> None:
+    """Set `traj.reward`: 1.0 when its answer block matches the problem's answer, else 0.0."""
+    text = answer_text(traj.final_answer)
+    if not text:
+        traj.reward = 0.0
+        return
+    (grade,) = await verifier.grade_many([(text, problem.answer)])
+    traj.reward = 1.0 if grade.correct else 0.0
 
 
 def rollout_config_for(

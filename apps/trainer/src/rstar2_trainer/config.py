@@ -188,6 +188,20 @@ class ClusterConfig(BaseModel):
     )
 
 
+class RemoteRolloutConfig(_Section):
+    """Rollouts on `rstar2-rollout serve` workers on other machines (apps/trainer/README.md)."""
+
+    workers: list[str] = Field(
+        min_length=1, description="host:port of each rollout worker; problems spread over them."
+    )
+    connect_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long to wait for a worker to answer at start-up."
+    )
+    chunk_bytes: int = Field(
+        default=4 << 20, gt=0, le=32 << 20, description="Piece size of the weight-update stream."
+    )
+
+
 class TrainerConfig(_Section):
     """Everything `rstar2-train` needs, one section per package or phase."""
 
@@ -219,6 +233,16 @@ class TrainerConfig(_Section):
     cluster: ClusterConfig | None = Field(
         default=None, description="Run on a Ray cluster (docs/LAUNCH.md); None: this machine."
     )
+    remote: RemoteRolloutConfig | None = Field(
+        default=None,
+        description="Roll out on remote workers instead of local engines; None: local engines.",
+    )
+
+    @model_validator(mode="after")
+    def _one_placement(self) -> TrainerConfig:
+        if self.remote is not None and self.cluster is not None:
+            raise ValueError("set cluster or remote, not both")
+        return self
 
     @model_validator(mode="after")
     def _engine_matches_training_precision(self) -> TrainerConfig:

@@ -45,7 +45,10 @@ from rstar2_trainer.weight_sync import push_weights, release_engines
 
 async def sync_weights(parts: Parts) -> dict[str, float]:
     """Push the policy's weights into every engine at once (sleeping engines woken, prefix
-    caches reset); the times as metrics (`time_sync_s` the whole)."""
+    caches reset); the times as metrics (`time_sync_s` the whole). With rollout workers on other
+    machines (`remote`), one payload goes to each worker over gRPC."""
+    if parts.remote is not None:
+        return {"time_sync_s": await parts.remote.push_weights(parts.model.state_dict().items())}
     times = await push_weights(parts.engines, parts.model.state_dict().items())
     return times.as_metrics()
 

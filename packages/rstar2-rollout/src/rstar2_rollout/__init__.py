@@ -8,7 +8,7 @@ from rstar2_rollout.chat import (
     system_prompt,
     wrap_question,
 )
-from rstar2_rollout.client import RolloutClient, RolloutError
+from rstar2_rollout.client import RolloutClient, RolloutError, WeightUpdate
 from rstar2_rollout.config import (
     EngineConfig,
     HFEngineConfig,
@@ -34,6 +34,7 @@ from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
 from rstar2_rollout.toolcall import ParsedTurn, ToolCallRequest, parse_turn, render_call
 from rstar2_rollout.trajectory import FinishReason, Timings, ToolCallRecord, ToolOutcome, Trajectory
+from rstar2_rollout.weights import InvalidWeights, WeightSpec
 from rstar2_rollout.worker import RolloutSampling, RolloutWorker, WorkerResult, agent_producer
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "FinishReason",
     "Generation",
     "HFEngineConfig",
+    "InvalidWeights",
     "Job",
     "JobResult",
     "KVAwarePolicy",
@@ -71,6 +73,8 @@ __all__ = [
     "ToolOutcome",
     "Trajectory",
     "VLLMEngineConfig",
+    "WeightSpec",
+    "WeightUpdate",
     "WorkerConfig",
     "WorkerResult",
     "agent_producer",

@@ -3,6 +3,7 @@
     async with RolloutClient("node-3:50061") as client:
         async for r in client.generate(problems, RolloutSampling(n=32, max_response_tokens=8192)):
             r.trajectory, r.engine, r.queued_s
+        update = await client.update_weights(model.state_dict().items())  # between generations
 
 gRPC failures surface as `RolloutError` with the status code name and the server's message
 (`INVALID_ARGUMENT: n must be > 0 ...`). Not covered: retries and load balancing across workers
@@ -11,8 +12,10 @@ gRPC failures surface as `RolloutError` with the status code name and the server
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -22,6 +25,7 @@ from rstar2_rollout import _wire
 from rstar2_rollout.loop import Problem
 from rstar2_rollout.scheduler import EngineStatus
 from rstar2_rollout.server import MAX_MESSAGE_BYTES
+from rstar2_rollout.weights import pieces, to_safetensors
 from rstar2_rollout.worker import RolloutSampling, WorkerResult
 
 
@@ -39,6 +43,18 @@ class WorkerInfo:
     version: str
     policy: str
     engines: list[EngineStatus]
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """One weight update as the worker saw it, plus the sender's own wall time."""
+
+    tensors: int
+    bytes: int
+    receive_s: float  # worker: first piece in -> payload parsed
+    load_s: float  # worker: every engine loaded (in parallel)
+    engines: list[str]
+    total_s: float  # sender: serialise + send + wait for the answer
 
 
 class RolloutClient:
@@ -74,6 +90,33 @@ class RolloutClient:
         except grpc.aio.AioRpcError as exc:
             raise RolloutError(exc.code().name, exc.details() or "") from None
         return WorkerInfo(*_wire.decode_info(msg))
+
+    async def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, Any]] | bytes,
+        chunk_bytes: int = 4 << 20,
+    ) -> WeightUpdate:
+        """Send (name, tensor) pairs, or a ready safetensors payload, and have every engine of
+        the worker load them (after its running generations end). Needs torch for tensors."""
+        start = time.perf_counter()
+        data = named_tensors if isinstance(named_tensors, bytes) else to_safetensors(named_tensors)
+
+        async def chunks() -> AsyncIterator[pb.WeightChunk]:
+            for piece in pieces(data, chunk_bytes):
+                yield pb.WeightChunk(data=piece)
+
+        try:
+            msg = await self._stub.UpdateWeights(chunks())
+        except grpc.aio.AioRpcError as exc:
+            raise RolloutError(exc.code().name, exc.details() or "") from None
+        return WeightUpdate(
+            msg.tensors,
+            msg.bytes,
+            msg.receive_s,
+            msg.load_s,
+            list(msg.engines),
+            time.perf_counter() - start,
+        )
 
     async def close(self) -> None:
         await self._channel.close()

@@ -4,12 +4,20 @@
 healthy), then streams one `Trajectory` per (problem, sample) in completion order; a trajectory
 whose job failed carries FINISH_REASON_ERROR and the reason. A client that hangs up cancels the
 jobs it asked for. `Info` lists the engines with their free and total KV tokens.
+`UpdateWeights` reads a stream of pieces of one safetensors payload, checks it against the
+model's names and shapes (INVALID_ARGUMENT naming the tensor; nothing loaded), then loads it into
+every engine between generations (see `RolloutWorker.update_weights`) and answers with the
+seconds spent receiving and loading.
 
-Not covered: building engines and the agent loop (the CLI injects them), TLS, authentication.
+`bind(address)` binds the port before anything slow is built (a port in use fails at once);
+`start_server` is bind plus start for callers that already have a worker.
+Not covered: building engines and the agent loop (`cli.py` does), TLS, authentication.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -19,7 +27,13 @@ import grpc
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rstar2_rollout import _wire
-from rstar2_rollout.worker import InvalidRolloutRequest, NoHealthyEngine, RolloutWorker
+from rstar2_rollout.weights import InvalidWeights, load_tensors, read_header
+from rstar2_rollout.worker import (
+    InvalidRolloutRequest,
+    NoHealthyEngine,
+    RolloutWorker,
+    WeightsUnsupported,
+)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 30K-token trajectory with logprobs is ~0.5 MB
 
@@ -53,13 +67,46 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         policy = self._worker.scheduler.config.policy.kind
         return _wire.encode_info(version("rstar2-rollout"), policy, self._worker.info())
 
+    async def UpdateWeights(
+        self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
+    ) -> pb.UpdateWeightsResponse:
+        start = time.perf_counter()
+        data = bytearray()
+        async for chunk in request_iterator:
+            data += chunk.data
+        try:
+            self._worker.check_weights(read_header(data))
+            tensors = await asyncio.to_thread(load_tensors, bytes(data))
+            receive_s = time.perf_counter() - start
+            done = await self._worker.update_weights(tensors)
+        except InvalidWeights as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except WeightsUnsupported as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except NoHealthyEngine as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Exception as exc:  # an engine failed mid-load: its state is unknown
+            await context.abort(grpc.StatusCode.INTERNAL, f"loading weights failed: {exc!r}")
+        return pb.UpdateWeightsResponse(
+            tensors=done.tensors,
+            bytes=len(data),
+            receive_s=receive_s,
+            load_s=done.load_s,
+            engines=done.engines,
+        )
+
 
 @dataclass
 class RolloutServer:
-    """A started server and the port it bound."""
+    """A bound (then started) server and the port it bound."""
 
     server: grpc.aio.Server
     port: int
+
+    async def start(self, worker: RolloutWorker) -> None:
+        """Serve `worker` on the bound port."""
+        pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(worker), self.server)
+        await self.server.start()
 
     @property
     def target(self) -> str:
@@ -69,16 +116,25 @@ class RolloutServer:
         await self.server.stop(grace_s)
 
 
-async def start_server(worker: RolloutWorker, address: str = "127.0.0.1:0") -> RolloutServer:
-    """Bind `address` (port 0 picks a free one), start serving, return the server and its port."""
+def bind(address: str = "127.0.0.1:0") -> RolloutServer:
+    """Bind `address` (port 0 picks a free one) without serving yet; OSError when it is taken."""
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
     ]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(worker), server)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"cannot bind the rollout server to {address}")
-    await server.start()
+        raise OSError(f"cannot bind the rollout server to {address} (in use or not local)")
     return RolloutServer(server, port)
+
+
+async def start_server(worker: RolloutWorker, address: str = "127.0.0.1:0") -> RolloutServer:
+    """Bind `address` (port 0 picks a free one), start serving, return the server and its port."""
+    server = bind(address)
+    await server.start(worker)
+    return server

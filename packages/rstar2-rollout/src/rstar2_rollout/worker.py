@@ -11,14 +11,22 @@ the stream.
 Bad requests raise `InvalidRolloutRequest` before any work starts; a node with no healthy engine
 raises `NoHealthyEngine`. The gRPC servicer maps them to INVALID_ARGUMENT and UNAVAILABLE.
 
-Not covered: building engines or the agent loop (the caller injects them), weight updates,
-authentication.
+`update_weights` loads new weights into every healthy engine at once (each resets its prefix
+cache), between generations: it waits for running `generate` calls to end and holds new ones
+until it is done. The payload is checked against the model's `WeightSpec` first, so a bad one
+(`InvalidWeights`: unknown name, wrong shape) leaves every engine as it was.
+
+Not covered: building engines or the agent loop (the caller injects them; `cli.py` builds real
+ones), authentication.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rstar2_rollout.chat import ChatFormat, Tokenizer, system_prompt
 from rstar2_rollout.config import RolloutConfig, WorkerConfig
@@ -26,6 +34,7 @@ from rstar2_rollout.engine import Engine
 from rstar2_rollout.loop import Problem, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, Scheduler
 from rstar2_rollout.trajectory import Trajectory
+from rstar2_rollout.weights import TensorInfo, WeightSpec
 from rstar2_sandbox import Sandbox
 
 
@@ -93,6 +102,19 @@ class NoHealthyEngine(RuntimeError):
     """Every engine on this node is dead (UNAVAILABLE)."""
 
 
+class WeightsUnsupported(RuntimeError):
+    """This worker cannot take weight updates as started (FAILED_PRECONDITION)."""
+
+
+@dataclass(frozen=True)
+class WeightLoad:
+    """What one weight update did: tensors loaded, into which engines, in how many seconds."""
+
+    tensors: int
+    engines: list[str]
+    load_s: float
+
+
 class RolloutWorker:
     """Turns problems into trajectories on the engines of one scheduler (see module docstring)."""
 
@@ -102,11 +124,20 @@ class RolloutWorker:
         produce: Produce,
         prompt_tokens: Callable[[Problem], int],
         config: WorkerConfig | None = None,
+        engines: Sequence[Engine] = (),
+        weights: WeightSpec | None = None,
     ) -> None:
+        """`engines` are the scheduler's (for weight updates); `weights` checks their payloads."""
         self.scheduler = scheduler
         self.config = config or WorkerConfig()
+        self.engines = list(engines)
+        self.weights = weights
         self._produce = produce
         self._prompt_tokens = prompt_tokens
+        self._gate: asyncio.Condition | None = None  # created on the serving loop
+        self._generating = 0
+        self._updates = 0  # updates waiting or running: new generations wait behind them
+        self._loading: asyncio.Lock | None = None  # one update at a time
 
     def check(self, problems: Sequence[Problem], sampling: RolloutSampling) -> RolloutSampling:
         """Validate a request and fill its defaults; raise InvalidRolloutRequest/NoHealthyEngine."""
@@ -159,6 +190,21 @@ class RolloutWorker:
     ) -> AsyncGenerator[WorkerResult, None]:
         """Yield one result per (problem, sample) as each finishes; closing early cancels the rest."""
         resolved = self.check(problems, sampling)
+        gate = self._condition()
+        async with gate:
+            await gate.wait_for(lambda: self._updates == 0)
+            self._generating += 1
+        try:
+            async for result in self._generate(problems, resolved):
+                yield result
+        finally:
+            async with gate:
+                self._generating -= 1
+                gate.notify_all()
+
+    async def _generate(
+        self, problems: Sequence[Problem], resolved: RolloutSampling
+    ) -> AsyncGenerator[WorkerResult, None]:
         jobs: list[Job[Trajectory]] = []
         for problem in problems:
             reserve = self._prompt_tokens(problem)
@@ -181,8 +227,52 @@ class RolloutWorker:
         finally:
             await stream.aclose()
 
+    def check_weights(self, payload: dict[str, TensorInfo]) -> None:
+        """Raise InvalidWeights / WeightsUnsupported for a payload this worker cannot load."""
+        if not self.engines:
+            raise WeightsUnsupported("this worker was given no engines to update")
+        if self.weights is None:
+            raise WeightsUnsupported(
+                "this worker knows no weight names and shapes (its model folder has no"
+                " *.safetensors), so it cannot check an update"
+            )
+        self.weights.check(payload)
+
+    async def update_weights(self, named_tensors: Sequence[tuple[str, Any]]) -> WeightLoad:
+        """Load checked (name, tensor) pairs into every healthy engine between generations."""
+        self.check_weights({n: TensorInfo(str(t.dtype), tuple(t.shape)) for n, t in named_tensors})
+        gate = self._condition()
+        if self._loading is None:
+            self._loading = asyncio.Lock()
+        async with gate:
+            self._updates += 1
+        try:
+            async with gate:
+                await gate.wait_for(lambda: self._generating == 0)
+            async with self._loading:
+                return await self._load(named_tensors)
+        finally:
+            async with gate:
+                self._updates -= 1
+                gate.notify_all()
+
+    async def _load(self, named_tensors: Sequence[tuple[str, Any]]) -> WeightLoad:
+        healthy = {s.name for s in self.scheduler.status() if s.healthy}
+        targets = [e for e in self.engines if e.name in healthy]
+        if not targets:
+            raise NoHealthyEngine("no healthy engine on this worker: " + self._reasons())
+        start = time.perf_counter()
+        await asyncio.gather(*(e.update_weights(named_tensors) for e in targets))
+        names = [e.name for e in targets]
+        return WeightLoad(len(named_tensors), names, time.perf_counter() - start)
+
     def info(self) -> list[EngineStatus]:
         return self.scheduler.status()
+
+    def _condition(self) -> asyncio.Condition:
+        if self._gate is None:
+            self._gate = asyncio.Condition()
+        return self._gate
 
     def _reasons(self) -> str:
         return "; ".join(f"{s.name}: {s.dead_reason}" for s in self.scheduler.status())

@@ -158,3 +158,23 @@ class InfoResponse(_message.Message):
     engines: _containers.RepeatedCompositeFieldContainer[EngineInfo]
     policy: str
     def __init__(self, version: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class UpdateWeightsResponse(_message.Message):
+    __slots__ = ("tensors", "bytes", "receive_s", "load_s", "engines")
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    tensors: int
+    bytes: int
+    receive_s: float
+    load_s: float
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tensors: _Optional[int] = ..., bytes: _Optional[int] = ..., receive_s: _Optional[float] = ..., load_s: _Optional[float] = ..., engines: _Optional[_Iterable[str]] = ...) -> None: ...

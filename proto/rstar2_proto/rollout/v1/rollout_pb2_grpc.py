@@ -44,6 +44,11 @@ class RolloutServiceStub:
                 request_serializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.InfoRequest.SerializeToString,
                 response_deserializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.UpdateWeights = channel.stream_unary(
+                '/rstar2_proto.rollout.v1.RolloutService/UpdateWeights',
+                request_serializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.WeightChunk.SerializeToString,
+                response_deserializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -62,6 +67,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateWeights(self, request_iterator, context):
+        """Load new weights into every engine in place, between Generate calls: the update waits for
+        running Generate calls to end and holds new ones until it is done. Unknown names or wrong
+        shapes: INVALID_ARGUMENT, and no engine is touched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +88,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.InfoRequest.FromString,
                     response_serializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.InfoResponse.SerializeToString,
+            ),
+            'UpdateWeights': grpc.stream_unary_rpc_method_handler(
+                    servicer.UpdateWeights,
+                    request_deserializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.WeightChunk.FromString,
+                    response_serializer=rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +149,33 @@ class RolloutService:
             '/rstar2_proto.rollout.v1.RolloutService/Info',
             rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.InfoRequest.SerializeToString,
             rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWeights(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rstar2_proto.rollout.v1.RolloutService/UpdateWeights',
+            rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.WeightChunk.SerializeToString,
+            rstar2__proto_dot_rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,292 @@
+"""The `rstar2-rollout` command: `serve` a node's engines as a rollout worker, `info` about one.
+
+Contract. `serve` binds its port first (a port in use fails at once), checks the sandbox answers,
+builds N engines on the model folder (vLLM in-process, the CPU build on a CPU-only machine, or
+transformers), and serves rollout.v1 until SIGTERM or SIGINT, then stops the server, the
+scheduler and the engines. Once ready it prints `listening on HOST:PORT` on stdout (port 0 picks a
+free port; a parent process reads that line). The agent loop's settings (system prompt, tool
+output truncation, tool timeout) are the worker's own flags and must match the trainer's recipe;
+a request carries sampling, budget, turns and seed. A user mistake (no model folder, a port in
+use, a sandbox that does not answer, an engine extra not installed) is one line on stderr and
+exit code 2, never a traceback. Not covered: TLS, authentication, several models per worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rstar2_rollout.config import (
+    HFEngineConfig,
+    KVAwarePolicy,
+    LeastRequestsPolicy,
+    RolloutConfig,
+    SchedulerConfig,
+    StaticPolicy,
+    VLLMEngineConfig,
+    WorkerConfig,
+)
+
+
+class UsageError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+def _engine_configs(args: argparse.Namespace) -> list[VLLMEngineConfig | HFEngineConfig]:
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UsageError(f"no model at {model}: expected a folder with config.json and weights")
+    try:
+        if args.engine == "hf":
+            dtype = "float32" if args.dtype == "auto" else args.dtype
+            return [HFEngineConfig(model=str(model), dtype=dtype)] * args.engines
+        return [
+            VLLMEngineConfig(
+                model=str(model),
+                kv_cache_memory_bytes=args.kv_cache_bytes,
+                max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs,
+                dtype=args.dtype,
+                seed=args.seed + i,
+            )
+            for i in range(args.engines)
+        ]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"invalid setting {first['loc'][0]}: {first['msg']}") from None
+
+
+def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig, WorkerConfig]:
+    try:
+        rollout = RolloutConfig(
+            system_prompt=args.system_prompt,
+            max_tool_response_chars=args.max_tool_response_chars,
+            tool_timeout_s=args.tool_timeout,
+            max_context_tokens=args.max_model_len,
+        )
+        policy: Any = {
+            "kv_aware": KVAwarePolicy(kv_tokens_fallback=args.kv_tokens),
+            "static": StaticPolicy(),
+            "least_requests": LeastRequestsPolicy(),
+        }[args.policy]
+        worker = WorkerConfig(
+            max_response_tokens=args.max_response_tokens, max_turns=args.max_turns
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"invalid setting {first['loc'][0]}: {first['msg']}") from None
+    return rollout, SchedulerConfig(policy=policy), worker
+
+
+async def _open_sandbox(address: str) -> Any:
+    if address == "local":
+        from rstar2_sandbox import LocalSandbox, SandboxConfig
+
+        sandbox = LocalSandbox(SandboxConfig())
+        await sandbox.start()
+        return sandbox
+    from rstar2_sandbox.client import SandboxClient
+
+    client = SandboxClient([address])
+    if not await client.info():
+        await client.close()
+        raise UsageError(f"no sandbox server answered at {address}: start `rstar2-sandbox serve`")
+    return client
+
+
+def _build_engines(configs: list[VLLMEngineConfig | HFEngineConfig]) -> list[Any]:
+    from rstar2_rollout.engines import build_engine
+
+    engines = []
+    try:
+        for i, config in enumerate(configs):
+            engines.append(build_engine(config, name=f"{config.kind}-{i}"))
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()
+        first = reason[0] if reason else repr(exc)
+        raise UsageError(f"cannot build engine {len(engines)}: {first}") from None
+    return engines
+
+
+def _check_port_free(host: str, port: int) -> None:
+    if port == 0:
+        return
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"port {port} on {host} is already in use; choose another --port (0 picks a"
+                    " free one)"
+                ) from None
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from rstar2_rollout.scheduler import Scheduler
+    from rstar2_rollout.server import bind
+    from rstar2_rollout.weights import WeightSpec
+    from rstar2_rollout.worker import RolloutWorker, agent_producer
+
+    configs = _engine_configs(args)
+    if args.engine == "vllm" and args.engines > 1 and not _has_accelerator():
+        raise UsageError(
+            "the CPU build of vLLM runs one engine per process (two crash in one): start one"
+            " worker per engine with --engines 1; the trainer spreads problems across workers"
+        )
+    rollout, scheduling, limits = _settings(args)
+    if args.engine == "hf" and args.policy == "kv_aware" and args.kv_tokens is None:
+        # transformers reports no KV cache: let each engine hold a few full-length trajectories
+        scheduling = SchedulerConfig(
+            policy=KVAwarePolicy(kv_tokens_fallback=4 * args.max_model_len)
+        )
+    _check_port_free(args.host, args.port)
+    try:
+        server = bind(f"{args.host}:{args.port}")
+    except OSError as exc:
+        raise UsageError(f"{exc}; choose another --port (0 picks a free one)") from None
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(server.stop, 2.0)
+        sandbox = await _open_sandbox(args.sandbox)
+        stack.push_async_callback(sandbox.close)
+        engines = _build_engines(configs)
+        for engine in engines:
+            stack.push_async_callback(engine.close)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        produce, prompt_tokens = agent_producer(sandbox, tokenizer, rollout)
+        scheduler: Scheduler = Scheduler(engines, scheduling)
+        stack.push_async_callback(scheduler.close)
+        worker = RolloutWorker(
+            scheduler,
+            produce,
+            prompt_tokens,
+            limits,
+            engines=engines,
+            weights=WeightSpec.from_model_dir(args.model),
+        )
+        await server.start(worker)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        names = ", ".join(e.name for e in engines)
+        print(f"listening on {args.host}:{server.port}", flush=True)
+        print(f"engines: {names}; sandbox: {args.sandbox}", file=sys.stderr, flush=True)
+        await stop.wait()
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+async def _info(address: str) -> None:
+    from rstar2_rollout.client import RolloutClient, RolloutError
+
+    async with RolloutClient(address) as client:
+        try:
+            info = await client.info()
+        except RolloutError as exc:
+            raise UsageError(f"no rollout worker answered at {address}: {exc}") from None
+    engines = [
+        {
+            "name": e.name,
+            "healthy": e.healthy,
+            "running": e.running,
+            "free_kv_tokens": e.capacity.free_tokens if e.capacity else None,
+            "total_kv_tokens": e.capacity.total_tokens if e.capacity else None,
+            "dead_reason": e.dead_reason,
+        }
+        for e in info.engines
+    ]
+    print(
+        json.dumps({"version": info.version, "policy": info.policy, "engines": engines}, indent=2)
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rstar2-rollout", description="Rollout worker: a node's engines behind rollout.v1."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve this node's engines over gRPC")
+    serve.add_argument("--model", required=True, help="model folder (config.json, weights)")
+    serve.add_argument(
+        "--sandbox", required=True, help="HOST:PORT of an rstar2-sandbox server, or 'local'"
+    )
+    serve.add_argument("--engines", type=_positive_int, default=1, help="engine replicas")
+    serve.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=50061, help="0 picks a free port")
+    serve.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="float32",
+        help="engine weights; match the trainer's so weight sync is exact",
+    )
+    serve.add_argument("--kv-cache-bytes", type=_positive_int, default=256 << 20)
+    serve.add_argument("--max-model-len", type=_positive_int, default=8192)
+    serve.add_argument("--max-num-seqs", type=_positive_int, default=128)
+    serve.add_argument("--seed", type=int, default=0, help="engine i is seeded seed + i")
+    serve.add_argument(
+        "--policy", choices=["kv_aware", "static", "least_requests"], default="kv_aware"
+    )
+    serve.add_argument(
+        "--kv-tokens", type=_positive_int, help="KV tokens assumed per engine that reports none"
+    )
+    serve.add_argument("--system-prompt", choices=["paper", "compact"], default="paper")
+    serve.add_argument("--max-tool-response-chars", type=_positive_int)
+    serve.add_argument("--tool-timeout", type=float, help="seconds per tool call")
+    serve.add_argument("--max-response-tokens", type=_positive_int, default=8192)
+    serve.add_argument("--max-turns", type=_positive_int, default=10)
+    info = sub.add_parser("info", help="print a worker's engines and their KV capacity")
+    info.add_argument("--address", default="127.0.0.1:50061")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    # stdout carries the one `listening on` line; vLLM logs to stdout unless told otherwise
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            asyncio.run(_serve(args))
+        else:
+            asyncio.run(_info(args.address))
+    except UsageError as exc:
+        print(f"rstar2-rollout: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
