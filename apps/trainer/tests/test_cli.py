@@ -38,3 +38,14 @@ def test_user_mistakes_are_one_line_and_exit_2(argv, message, capsys):
     assert err.count("\n") == 1
     with pytest.raises(ConfigError):
         load_config(argv[0], argv[1:])
+
+
+def test_two_local_cpu_vllm_engines_are_refused(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the refusal is for the CPU build of vLLM")
+    assert main(["tiny", "engine.replicas=2", f"run.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "one engine per process" in err
+    assert not (tmp_path / "run" / "config.yaml").exists()

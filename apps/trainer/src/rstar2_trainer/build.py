@@ -22,7 +22,7 @@ from rstar2_rollout import Engine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_sandbox import Sandbox
 from rstar2_trainer.collect import EngineMeter
-from rstar2_trainer.config import PretrainedModelConfig, ServiceConfig, TrainerConfig
+from rstar2_trainer.config import ConfigError, PretrainedModelConfig, ServiceConfig, TrainerConfig
 from rstar2_trainer.servers import ChildServer, console_script
 from rstar2_trainer.verifier import Verifier
 
@@ -84,6 +84,18 @@ def load_policy(model_dir: Path) -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     return model, tokenizer
+
+
+def check_local_engines(config: TrainerConfig) -> None:
+    """Refuse what the local engines cannot do on this machine, before anything starts."""
+    local = config.cluster is None and config.remote is None
+    several = config.engine.kind == "vllm" and config.engine.replicas > 1
+    if local and several and not torch.cuda.is_available():
+        raise ConfigError(
+            "engine.replicas > 1: the CPU build of vLLM runs one engine per process (two in "
+            "one corrupt each other's output); use engine.replicas: 1, or the cluster mode, "
+            "which runs each engine in its own Ray actor"
+        )
 
 
 def build_engines(config: TrainerConfig, model_dir: Path, model: Any, tokenizer: Any) -> list:

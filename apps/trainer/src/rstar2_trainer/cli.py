@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
             return 0
         config, run_dir, resume = _resolve(args)
+        from rstar2_trainer.build import check_local_engines
+
+        check_local_engines(config)
     except ConfigError as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 2
