@@ -250,6 +250,12 @@ CLUSTER_RUN = [
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,96,96]",
     "algo.group_size=2",
+    # Every step updates, whatever the rewards: equal-reward groups are kept, and the entropy
+    # term gives a gradient where their advantages are 0.
+    "algo.filtering=none",
+    "algo.entropy_coef=0.01",
+    "optim.lr=0.001",
+    "optim.warmup_steps=0",
     "model.layers=2",
     "model.vocab_size=1024",
     "engine.kv_cache_memory_bytes=67108864",
@@ -293,7 +299,7 @@ def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path):
     for r in steps:
         for key in ("loss", "grad_norm", "pg_loss", "entropy", "approx_kl", "clip_frac_high"):
             assert isinstance(r[key], float), (key, r)
-        assert r["train_tokens"] > 0 and r["time_train_s"] > 0
+        assert r["kept"] >= 2 and r["train_tokens"] > 0 and r["time_train_s"] > 0
         assert r["time_sync_s"] >= r["time_sync_load_s"] > 0
     assert any(r["phase"] == "sft" for r in read_metrics(run_dir))  # SFT ran in the driver
 
