@@ -11,7 +11,9 @@
 
 With `cluster.train_workers: N` the policy update and the weight sync run on N FSDP2 ranks
 (`worker_policy`); SFT and evaluation stay as they are, and the ranks take the driver's weights
-before RL. Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
+before RL.
+
+Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
 """
@@ -202,31 +204,19 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                 metrics["time_sleep_s"] = await release_engines(parts.engines, sleep_level)
                 start = time.perf_counter()
                 advantages = algo.advantages(selection).float()  # [K]
-                temperature = rollout.temperature if rollout.temperature > 0 else 1.0
-                lr = optimizer.param_groups[0]["lr"]
-                if workers:
-                    update = workers.update(
-                        selection.trajectories,
-                        advantages,
-                        lr=lr,
-                        pad_id=pad_id,
-                        temperature=temperature,
-                    )
-                    metrics.update(await update)
-                else:
-                    result = policy_update(
-                        model,
-                        optimizer,
-                        algo,
-                        selection.trajectories,
-                        advantages,
-                        pad_id=pad_id,
-                        micro_batch_tokens=config.optim.micro_batch_tokens,
-                        grad_clip=config.optim.grad_clip,
-                        precision=precision,
-                        temperature=temperature,
-                    )
-                    metrics.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
+                update = update_policy(
+                    config,
+                    model,
+                    optimizer,
+                    workers,
+                    algo,
+                    selection.trajectories,
+                    advantages,
+                    pad_id=pad_id,
+                    precision=precision,
+                    temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
+                )
+                metrics.update(await update)
                 metrics["time_train_s"] = time.perf_counter() - start
                 metrics.update(await sync_policy(parts, workers))
             else:
@@ -268,6 +258,38 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
             step=step,
         )
         report.final_table(evals, run_dir, policy, config.rollout.system_prompt)
+
+
+async def update_policy(
+    config: TrainerConfig,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workers: WorkerPolicy | None,
+    algo: Any,
+    kept: list,
+    advantages: torch.Tensor,  # [K]
+    *,
+    pad_id: int,
+    precision: Precision,
+    temperature: float,
+) -> dict[str, float]:
+    """One optimizer step on the kept batch, on the training ranks or in the driver; metrics."""
+    if workers:
+        lr = optimizer.param_groups[0]["lr"]  # the driver's optimizer carries the schedule
+        return await workers.update(kept, advantages, lr=lr, pad_id=pad_id, temperature=temperature)
+    result = policy_update(
+        model,
+        optimizer,
+        algo,
+        kept,
+        advantages,
+        pad_id=pad_id,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+        grad_clip=config.optim.grad_clip,
+        precision=precision,
+        temperature=temperature,
+    )
+    return {"loss": result.loss, "grad_norm": result.grad_norm, **result.metrics}
 
 
 async def save_run_checkpoint(

@@ -1,15 +1,15 @@
-"""The RL policy trained on FSDP2 workers: what the trainer's loop calls with `cluster.train_workers`.
+"""The RL policy trained on FSDP2 workers: the loop's handle with `cluster.train_workers`.
 
 With `cluster.train_workers: N` (N > 0) the policy update of every RL step runs on N FSDP2 ranks,
 one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
 
-    driver: kept trajectories + advantages -> rows -------> rank 0 .. rank N-1 (rows split by tokens)
-            lr, the algorithm's loss, temperature            train_step: forward, backward, AdamW
-                                                             on the sharded parameters and state
-    engines <-- object store <-- rank 0's full weights       (the driver never holds them)
+    driver: kept trajectories + advantages -> rows ---> rank 0 .. N-1 (rows split by tokens)
+            lr, the algorithm's loss, temperature        train_step: forward, backward, AdamW
+                                                         on the sharded parameters and state
+    engines <-- object store <-- rank 0's full weights   (the driver never holds them)
 
-- `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver trains as
-  before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them on exit.
+- `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver
+  trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them on exit.
 - `update(...)` is `update.policy_update` on the ranks: the same loss (`WorkerPolicyLoss`, the
   algorithm's policy loss on the rollouts' tempered logprobs), the same global normalisation, the
   same metrics (loss, grad_norm, clip fractions, entropy, ...).
