@@ -9,7 +9,8 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
     engines <-- object store <-- rank 0's full weights   (the driver never holds them)
 
 - `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver
-  trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them on exit.
+  trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them
+  on exit.
 - `update(...)` is `update.policy_update` on the ranks: the same loss (`WorkerPolicyLoss`, the
   algorithm's policy loss on the rollouts' tempered logprobs), the same global normalisation, the
   same metrics (loss, grad_norm, clip fractions, entropy, ...).
@@ -24,7 +25,8 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
 
 Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
 with `train_workers`), SFT on the ranks, a batch with fewer kept trajectories than ranks (an
-error that says what to change).
+error that says what to change). The driver still loads one full copy of the model (for SFT and
+the exported policy).
 """
 
 from __future__ import annotations
