@@ -26,6 +26,7 @@ def test_roundtrip_restores_weights_optimizer_and_rng(tmp_path):
     random.seed(99)
     ckpt = load_latest(tmp_path)
     assert ckpt is not None and ckpt.step == 3 and ckpt.state["data"] == {"pos": 7}
+    assert ckpt.model is not None
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
     fresh = torch.nn.Linear(4, 3)
     fresh.load_state_dict(ckpt.model)

@@ -3,7 +3,9 @@
 A checkpoint is a folder `checkpoints/step_000012/` holding `model.pt`, `optimizer.pt`,
 `rng.pt` and `state.json`. It is written under a temporary name and renamed into place, and the
 `checkpoints/latest` pointer is replaced atomically after it, so a run killed at any instant
-leaves either the previous complete checkpoint or the new one, never a torn one.
+leaves either the previous complete checkpoint or the new one, never a torn one. A run whose
+policy lives on FSDP2 training workers saves no `model.pt`/`optimizer.pt` here (`model=None`):
+the workers' sharded checkpoint under `checkpoints/workers/` holds them (`worker_policy`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Checkpoint:
     path: Path
     step: int
     state: dict[str, Any]
-    model: dict[str, torch.Tensor]
+    model: dict[str, torch.Tensor] | None  # None: the training workers' checkpoint holds it
     optimizer: dict[str, Any] | None
 
 
@@ -57,7 +59,7 @@ def save_checkpoint(
     root: Path,
     step: int,
     *,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     keep: int = 2,
@@ -68,7 +70,8 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(model.state_dict(), tmp / "model.pt")
+    if model is not None:
+        torch.save(model.state_dict(), tmp / "model.pt")
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
@@ -103,7 +106,8 @@ def load_latest(root: Path) -> Checkpoint | None:
         return None
     path = root / pointer.read_text().strip()
     state = json.loads((path / "state.json").read_text())
-    model = torch.load(path / "model.pt", weights_only=True)
+    model_path = path / "model.pt"
+    model = torch.load(model_path, weights_only=True) if model_path.exists() else None
     opt_path = path / "optimizer.pt"
     optimizer = torch.load(opt_path, weights_only=True) if opt_path.exists() else None
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))

@@ -2,7 +2,8 @@
 
 A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run) is
 one line on stderr and exit code 2, never a traceback. A service that fails (a port in use, a
-server that dies) is one line and exit code 1; the run can then be resumed.
+server that dies, a Ray cluster without room for the run) is one line and
+exit code 1; the run can then be resumed.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not resume:
         write_config(run_dir, config)
+    from rstar2_trainer.cluster import ClusterError
     from rstar2_trainer.train import run
 
     try:
         run(config, run_dir, resume=resume)
-    except ServerError as exc:
+    except (ServerError, ClusterError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -24,8 +24,9 @@ trainer's loop does not change:
   `SleepingEngine`, so `weight_sync.release_engines` puts them to sleep (`sleep_level`) before the
   update and `weight_sync.push_weights` wakes weights, loads, then wakes the KV cache. Sleep mode is
   CUDA/ROCm only: colocation with CPU engines (`gpus_per_engine: 0`) is refused at start-up.
-- The policy update runs in the driver; `train_workers.TrainGroup` places FSDP2 ranks as actors
-  for a loop that trains on the cluster's GPUs (not wired into the trainer's loop yet).
+- The policy update runs in the driver, or with `cluster.train_workers: N` on N FSDP2 ranks as
+  Ray actors (`worker_policy`, `train_workers.TrainGroup`), which push their weights to the
+  engines themselves.
 
 Ray is started locally when `address` is None (a test, one machine), or joined (`auto` or
 `host:6379`) when the cluster was started with `ray start`. The model folder must be readable at

@@ -181,11 +181,35 @@ class ClusterConfig(BaseModel):
         default=1,
         description="Colocated sleep: 1 offloads engine weights to host RAM, 2 drops them.",
     )
+    train_workers: int = Field(
+        default=0,
+        ge=0,
+        description="FSDP2 ranks (Ray actors) the RL update runs on; 0: the driver trains alone.",
+    )
+    gpus_per_train_worker: int = Field(
+        default=0, ge=0, le=1, description="GPUs of one training rank; 0: CPU ranks over gloo."
+    )
+    cpus_per_train_worker: float = Field(
+        default=1.0, ge=0, description="Ray CPUs one training rank holds."
+    )
+    train_threads: int = Field(default=1, gt=0, description="torch threads of a training rank.")
+    activation_checkpointing: bool = Field(
+        default=False, description="Training ranks recompute each block in backward."
+    )
     sandbox_workers: int = Field(default=8, gt=0, description="Sandbox workers on each node.")
     verify_workers: int = Field(default=2, gt=0, description="Verify workers on each node.")
     start_timeout_s: float = Field(
         default=900.0, gt=0, description="Limit for servers and engines to come up."
     )
+
+    @model_validator(mode="after")
+    def _train_workers_need_their_own_gpus(self) -> ClusterConfig:
+        if self.train_workers and self.colocate:
+            raise ValueError(
+                "training workers cannot share GPUs with colocated engines yet; set "
+                "cluster.colocate: false (workers on GPUs of their own) or cluster.train_workers: 0"
+            )
+        return self
 
 
 class RemoteRolloutConfig(_Section):

@@ -19,6 +19,12 @@ Contract
   exactly those of a single process taking the token mean over the whole batch, whatever the
   split across ranks and micro-batches. Any per-token loss works: the SFT cross-entropy is
   `-logp`, the RL policy loss is the clipped surrogate of `logp` and `values` such as advantages.
+- A loss returns either the per-token loss [B, T] (masked and summed here) or, as a 0-dim tensor,
+  the micro-batch's loss already summed over its loss tokens; optionally with metrics that are
+  likewise sums over the micro-batch's loss tokens, which the step reports as global means per
+  loss token. `normalize_by="rows"` divides by the global number of rows instead of loss tokens
+  (the sequence-level aggregations of rstar2_algos); `temperature` and `with_entropy` are passed
+  to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`).
 - Ranks may hold different numbers of micro-batches; the shorter ones run zero-weighted repeats so
   every rank joins every FSDP collective (no hang, no gradient).
 
@@ -176,9 +182,12 @@ class Row:
 class MicroBatch:
     batch: Batch
     values: dict[str, torch.Tensor]  # each [B, T], 0 on padding
+    entropy: torch.Tensor | None = None  # [B, T], detached; with train_step(with_entropy=True)
 
 
-TokenLoss = Callable[[torch.Tensor, MicroBatch], torch.Tensor]  # (logp [B, T], mb) -> [B, T]
+LossOutput = torch.Tensor | tuple[torch.Tensor, Mapping[str, Any]]
+# (logp [B, T], mb) -> per-token loss [B, T] or the summed loss [], optionally with metric sums
+TokenLoss = Callable[[torch.Tensor, MicroBatch], LossOutput]
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,7 @@ class StepResult:
     tokens: int  # loss tokens across all ranks
     grad_norm: float  # global norm before clipping
     micro_batches: int  # on the busiest rank
+    metrics: dict[str, float] = field(default_factory=dict)  # the loss's, per global loss token
 
 
 def make_micro_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> MicroBatch:
@@ -242,8 +252,11 @@ def train_step(
     micro_batch_tokens: int,
     max_grad_norm: float | None = None,
     device: torch.device | None = None,
+    normalize_by: Literal["tokens", "rows"] = "tokens",
+    temperature: float = 1.0,
+    with_entropy: bool = False,
 ) -> StepResult:
-    """One optimizer step on this rank's `rows`, token-mean loss normalised across all ranks."""
+    """One optimizer step on this rank's `rows`, the loss normalised across all ranks."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     if world_size > 1 and not isinstance(model, FSDPModule):
         raise ValueError("with more than one rank the model must be sharded (shard_model)")
@@ -253,32 +266,44 @@ def train_step(
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
     chunks = [[rows[i] for i in c] for c in token_budget_chunks(lengths, micro_batch_tokens)]
     local_tokens = float(sum(sum(r.loss_mask) for r in rows))
-    total_tokens, _ = _all_reduce([local_tokens, 0.0], dist.ReduceOp.SUM, device)
+    total_tokens, total_rows = _all_reduce(
+        [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device
+    )
     (steps,) = _all_reduce([float(len(chunks))], dist.ReduceOp.MAX, device)
     if total_tokens == 0:
         raise ValueError("the batch has no loss tokens on any rank")
+    normalizer = total_tokens if normalize_by == "tokens" else total_rows
     # FSDP averages gradients over ranks; scaling by the world size turns that average into the
-    # sum of every rank's share of the global token mean.
-    scale = world_size / total_tokens
+    # sum of every rank's share of the global mean.
+    scale = world_size / normalizer
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    loss_sum = 0.0
+    metric_sums: dict[str, float] = {}
     for k in range(int(steps)):
         weight = 1.0 if k < len(chunks) else 0.0  # zero-weighted repeat: join the collectives
         mb = make_micro_batch(chunks[min(k, len(chunks) - 1)], pad_id, device)
-        logp, _ = response_logprobs(model, mb.batch)  # [B, T]
-        token_loss = loss_fn(logp, mb)  # [B, T]
-        masked = (token_loss * mb.batch.response_mask).sum()
+        logp, entropy = response_logprobs(
+            model, mb.batch, with_entropy=with_entropy, temperature=temperature
+        )  # [B, T]
+        mb.entropy = entropy.detach() if entropy is not None else None
+        out = loss_fn(logp, mb)
+        loss, metrics = out if isinstance(out, tuple) else (out, {})
+        masked = loss if loss.ndim == 0 else (loss * mb.batch.response_mask).sum()
         (masked * (scale * weight)).backward()
-        loss_sum += masked.detach().double() * weight
+        loss_sum += float(masked.detach()) * weight
+        for key, value in metrics.items():
+            metric_sums[key] = metric_sums.get(key, 0.0) + float(value) * weight
     norm = _clip_grad_norm(model, max_grad_norm)
     optimizer.step()
-    (global_loss,) = _all_reduce([float(loss_sum)], dist.ReduceOp.SUM, device)
+    keys = sorted(metric_sums)  # every rank runs the same loss, so the same keys
+    sums = _all_reduce([loss_sum, *(metric_sums[k] for k in keys)], dist.ReduceOp.SUM, device)
     return StepResult(
-        loss=global_loss / total_tokens,
+        loss=sums[0] / normalizer,
         tokens=int(total_tokens),
         grad_norm=norm,
         micro_batches=int(steps),
+        metrics={k: v / total_tokens for k, v in zip(keys, sums[1:], strict=True)},
     )
 
 

@@ -9,6 +9,10 @@
                 -> checkpoint; an evaluation after each stage
     finish      the trained policy as a Hugging Face folder (RUN_DIR/policy), the final table, plots
 
+With `cluster.train_workers: N` the policy update and the weight sync run on N FSDP2 ranks
+(`worker_policy`); SFT and evaluation stay as they are, and the ranks take the driver's weights
+before RL.
+
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
@@ -41,6 +45,7 @@ from rstar2_trainer.sft import train_sft
 from rstar2_trainer.stats import group_stats, trajectory_stats
 from rstar2_trainer.update import make_optimizer, policy_update, warmup_lr
 from rstar2_trainer.weight_sync import push_weights, release_engines
+from rstar2_trainer.worker_policy import WorkerPolicy, open_worker_policy
 
 
 async def sync_weights(parts: Parts) -> dict[str, float]:
@@ -51,6 +56,11 @@ async def sync_weights(parts: Parts) -> dict[str, float]:
         return {"time_sync_s": await parts.remote.push_weights(parts.model.state_dict().items())}
     times = await push_weights(parts.engines, parts.model.state_dict().items())
     return times.as_metrics()
+
+
+async def sync_policy(parts: Parts, workers: WorkerPolicy | None) -> dict[str, float]:
+    """The policy's weights into the engines: from the training ranks, or from the driver."""
+    return await (workers.sync(parts.engines) if workers else sync_weights(parts))
 
 
 async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
@@ -92,7 +102,10 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
     opener = open_parts if config.cluster is None else open_cluster_parts
     precision = Precision.from_settings(config.train.device, config.train.dtype)
     sleep_level = config.cluster.sleep_level if config.cluster is not None else 1
-    async with opener(config, run_dir, corpus) as parts:
+    async with (
+        opener(config, run_dir, corpus) as parts,
+        open_worker_policy(config, parts.model_dir) as workers,
+    ):
         parts.model.to(precision.device)  # fp32 master weights, on the training device
         model, pad_id = parts.model, _pad_id(parts.tokenizer)
         optimizer = make_optimizer(
@@ -120,22 +133,27 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                 run_sft(config, parts, traces, log, pad_id, precision)
                 await sync_weights(parts)
             await run_eval("after_sft", 0)
-            save_checkpoint(
-                checkpoints,
-                0,
-                model=model,
-                optimizer=optimizer,
-                state={"curriculum": curriculum.state_dict(), "evals": evals},
-                keep=config.run.keep_checkpoints,
+            if workers:
+                await workers.load_from(model)  # SFT ran in the driver
+            await save_run_checkpoint(
+                config, checkpoints, 0, model, optimizer, workers, curriculum, evals
             )
         else:
             step = ckpt.step
-            model.load_state_dict(ckpt.model)
+            if workers:
+                await workers.restore(checkpoints, step)
+            elif ckpt.model is None:
+                raise FileNotFoundError(
+                    f"{ckpt.path} holds no model.pt: it was written with training workers; "
+                    "resume with the run's cluster.train_workers"
+                )
+            else:
+                model.load_state_dict(ckpt.model)
             if ckpt.optimizer is not None:
                 optimizer.load_state_dict(ckpt.optimizer)
             curriculum.load_state_dict(ckpt.state["curriculum"])
             evals = list(ckpt.state["evals"])
-            await sync_weights(parts)
+            await sync_policy(parts, workers)
             report.console.print(f"resumed {run_dir} at RL step {step}")
 
         while not curriculum.plan.finished:
@@ -184,27 +202,26 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                 "engine_idle_share": collected.engine_idle_s
                 / max(1e-9, collected.rollout_s * len(parts.engines)),
             }
-            start = time.perf_counter()
             if selection.trajectories:
                 # Colocated engines free their GPU memory for the update; the sync wakes them.
                 metrics["time_sleep_s"] = await release_engines(parts.engines, sleep_level)
                 start = time.perf_counter()
                 advantages = algo.advantages(selection).float()  # [K]
-                result = policy_update(
+                update = update_policy(
+                    config,
                     model,
                     optimizer,
+                    workers,
                     algo,
                     selection.trajectories,
                     advantages,
                     pad_id=pad_id,
-                    micro_batch_tokens=config.optim.micro_batch_tokens,
-                    grad_clip=config.optim.grad_clip,
                     precision=precision,
                     temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
                 )
-                metrics.update(loss=result.loss, grad_norm=result.grad_norm, **result.metrics)
+                metrics.update(await update)
                 metrics["time_train_s"] = time.perf_counter() - start
-                metrics.update(await sync_weights(parts))
+                metrics.update(await sync_policy(parts, workers))
             else:
                 metrics.update(
                     time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1
@@ -228,15 +245,14 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
                     optimizer = make_optimizer(
                         model, config.optim.lr, config.optim.betas, config.optim.weight_decay
                     )
+                    if workers:
+                        await workers.reset_optimizer()
             if step % config.run.checkpoint_every == 0 or curriculum.plan.finished:
-                save_checkpoint(
-                    checkpoints,
-                    step,
-                    model=model,
-                    optimizer=optimizer,
-                    state={"curriculum": curriculum.state_dict(), "evals": evals},
-                    keep=config.run.keep_checkpoints,
+                await save_run_checkpoint(
+                    config, checkpoints, step, model, optimizer, workers, curriculum, evals
                 )
+        if workers:
+            await workers.export_into(model)  # the trained weights, for the policy folder
         policy = save_policy(
             model,
             parts.tokenizer,
@@ -245,6 +261,61 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
             step=step,
         )
         report.final_table(evals, run_dir, policy, config.rollout.system_prompt)
+
+
+async def update_policy(
+    config: TrainerConfig,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workers: WorkerPolicy | None,
+    algo: Any,
+    kept: list,
+    advantages: torch.Tensor,  # [K]
+    *,
+    pad_id: int,
+    precision: Precision,
+    temperature: float,
+) -> dict[str, float]:
+    """One optimizer step on the kept batch, on the training ranks or in the driver; metrics."""
+    if workers:
+        lr = optimizer.param_groups[0]["lr"]  # the driver's optimizer carries the schedule
+        return await workers.update(kept, advantages, lr=lr, pad_id=pad_id, temperature=temperature)
+    result = policy_update(
+        model,
+        optimizer,
+        algo,
+        kept,
+        advantages,
+        pad_id=pad_id,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+        grad_clip=config.optim.grad_clip,
+        precision=precision,
+        temperature=temperature,
+    )
+    return {"loss": result.loss, "grad_norm": result.grad_norm, **result.metrics}
+
+
+async def save_run_checkpoint(
+    config: TrainerConfig,
+    checkpoints: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workers: WorkerPolicy | None,
+    curriculum: Curriculum,
+    evals: list[dict[str, Any]],
+) -> None:
+    """The run's checkpoint; with training workers their sharded one first, and no model.pt."""
+    if workers:
+        await workers.save(checkpoints, step)
+    save_checkpoint(
+        checkpoints,
+        step,
+        model=None if workers else model,
+        optimizer=None if workers else optimizer,
+        state={"curriculum": curriculum.state_dict(), "evals": evals},
+        keep=config.run.keep_checkpoints,
+    )
 
 
 def tokenizer_corpus(problems: list, traces: list, style: str = "paper") -> list[str]:

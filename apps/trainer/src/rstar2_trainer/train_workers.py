@@ -12,11 +12,16 @@ every rank), shard it with `shard_model` and make its AdamW over the shards.
   any per-token loss; Ray pickles it to the workers.
 - `state_ref()` gathers the full weights on rank 0 and leaves them in Ray's object store as a
   list of (name, tensor): `sync_to_engines` hands that reference to every engine actor, so the
-  weights go rank 0 -> object store -> engines without passing through the driver.
+  weights go rank 0 -> object store -> engines without passing through the driver (sleeping
+  engines are woken around the load as in `weight_sync.push_weights`).
+- `load_state(named_tensors)` puts full weights (e.g. the driver's after SFT) into every rank's
+  shards; `save(root, step)` / `load(path)` are the sharded checkpoint (`sharded_checkpoint`)
+  of the model and optimizer, written by all ranks together; `reset_optimizer()` starts AdamW
+  afresh (a stage switch).
 
-Ranks on one node get consecutive LOCAL_RANKs (the GPU Ray assigned is then `cuda:0` of each
-actor, since Ray sets CUDA_VISIBLE_DEVICES per actor). Not covered: checkpoints of the sharded
-state (see `sharded_checkpoint`), learning-rate schedules (the caller sets `lr` per step).
+Each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES per actor), so its LOCAL_RANK is
+0. Not covered: learning-rate schedules (the caller sets `lr` per step), sharing GPUs with
+colocated engines (the workers need GPUs of their own), per-rank RNG state.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_trainer.distributed import DistributedConfig, Row, StepResult, TokenLoss
+from rstar2_trainer.weight_sync import SyncTimes, sleepers
 
 
 def sft_loss(logp: Any, mb: Any) -> Any:
@@ -49,6 +55,7 @@ class TrainWorker:
         self.model: Any = None
         self.optimizer: Any = None
         self.world: Any = None
+        self.optim_args: dict[str, Any] = {}
 
     def rendezvous(self) -> str:
         """host:port for MASTER_ADDR/MASTER_PORT (a free port on this node)."""
@@ -60,7 +67,13 @@ class TrainWorker:
             return f"{host}:{s.getsockname()[1]}"
 
     def setup(
-        self, master: str, model_dir: str, config: DistributedConfig, lr: float, betas: tuple
+        self,
+        master: str,
+        model_dir: str,
+        config: DistributedConfig,
+        lr: float,
+        betas: tuple,
+        weight_decay: float = 0.0,
     ) -> None:
         """Join the world, load and shard the model, make the optimizer (collective)."""
         import torch
@@ -79,7 +92,13 @@ class TrainWorker:
         self.world = init_distributed(config)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model = shard_model(model, config, self.world)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas)
+        self.optim_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
+        self.reset_optimizer()
+
+    def reset_optimizer(self) -> None:
+        import torch
+
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optim_args)
 
     def step(
         self,
@@ -89,6 +108,7 @@ class TrainWorker:
         pad_id: int,
         micro_batch_tokens: int,
         max_grad_norm: float | None,
+        options: dict[str, Any] | None = None,
     ) -> StepResult:
         from rstar2_trainer.distributed import train_step
 
@@ -104,6 +124,7 @@ class TrainWorker:
             micro_batch_tokens=micro_batch_tokens,
             max_grad_norm=max_grad_norm,
             device=self.world.device,
+            **(options or {}),
         )
 
     def full_state(self) -> list[tuple[str, Any]]:
@@ -111,6 +132,27 @@ class TrainWorker:
         from rstar2_trainer.distributed import full_state_dict
 
         return list(full_state_dict(self.model).items())
+
+    def load_state(self, named_tensors: list[tuple[str, Any]]) -> None:
+        """Full weights (every rank gets the same) into this rank's shards (collective)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, dict(named_tensors), options=options)
+
+    def save(self, root: str, step: int, keep: int) -> str:
+        from rstar2_trainer.sharded_checkpoint import save_sharded
+
+        path = save_sharded(Path(root), step, model=self.model, optimizer=self.optimizer, keep=keep)
+        return str(path)
+
+    def load(self, path: str) -> dict[str, Any]:
+        from rstar2_trainer.sharded_checkpoint import load_sharded
+
+        return load_sharded(Path(path), model=self.model, optimizer=self.optimizer)
 
     def close(self) -> None:
         from rstar2_trainer.distributed import close_distributed
@@ -133,19 +175,29 @@ class TrainGroup:
         *,
         lr: float,
         betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
         gpus_per_worker: float = 0,
         cpus_per_worker: float = 1,
         threads: int = 1,
+        timeout_s: float | None = None,
     ) -> TrainGroup:
+        """Place and set up the ranks; TimeoutError when they are not up in `timeout_s`."""
         import ray
 
-        remote = ray.remote(TrainWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)
+        remote = ray.remote(TrainWorker).options(
+            num_cpus=cpus_per_worker,
+            num_gpus=gpus_per_worker,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        )
         actors = [remote.remote(rank, world_size, threads) for rank in range(world_size)]
         group = cls(actors)
         try:
-            master = await actors[0].rendezvous.remote()
-            setups = [a.setup.remote(master, str(model_dir), config, lr, betas) for a in actors]
-            await asyncio.gather(*setups)
+            master = await asyncio.wait_for(actors[0].rendezvous.remote(), timeout_s)
+            setups = [
+                a.setup.remote(master, str(model_dir), config, lr, betas, weight_decay)
+                for a in actors
+            ]
+            await asyncio.wait_for(asyncio.gather(*setups), timeout_s)
         except BaseException:
             await group.close()
             raise
@@ -160,16 +212,45 @@ class TrainGroup:
         pad_id: int,
         micro_batch_tokens: int,
         max_grad_norm: float | None = None,
+        **options: Any,
     ) -> StepResult:
-        """One optimizer step over all rows, split across the ranks; rank 0's result."""
+        """One optimizer step over all rows, split across the ranks; rank 0's result.
+
+        `options` go to `distributed.train_step` (normalize_by, temperature, with_entropy)."""
         from rstar2_trainer.distributed import partition_rows
 
         shards = partition_rows(rows, len(self.actors))
         calls = [
-            a.step.remote(shard, loss_fn, lr, pad_id, micro_batch_tokens, max_grad_norm)
+            a.step.remote(shard, loss_fn, lr, pad_id, micro_batch_tokens, max_grad_norm, options)
             for a, shard in zip(self.actors, shards, strict=True)
         ]
         return (await asyncio.gather(*calls))[0]
+
+    async def load_state(self, named_tensors: Any) -> None:
+        """Full weights into every rank's shards (one object-store copy for all ranks)."""
+        import ray
+
+        ref = ray.put(list(named_tensors))
+        await asyncio.gather(*(a.load_state.remote(ref) for a in self.actors))
+
+    async def reset_optimizer(self) -> None:
+        await asyncio.gather(*(a.reset_optimizer.remote() for a in self.actors))
+
+    async def save(self, root: Path, step: int, *, keep: int) -> Path:
+        """A sharded checkpoint of model and optimizer, `root/step_NNNNNN/`, all ranks at once."""
+        paths = await asyncio.gather(*(a.save.remote(str(root), step, keep) for a in self.actors))
+        return Path(paths[0])
+
+    async def load(self, path: Path) -> dict[str, Any]:
+        """Load a sharded checkpoint (saved at any world size) into every rank; its state."""
+        states = await asyncio.gather(*(a.load.remote(str(path)) for a in self.actors))
+        return states[0]
+
+    async def full_state(self) -> list[tuple[str, Any]]:
+        """The full weights, fetched into this process (for export)."""
+        import ray
+
+        return await asyncio.to_thread(ray.get, await self.state_ref())
 
     async def state_ref(self) -> Any:
         """An object ref to the full weights (rank 0's list of (name, tensor))."""
@@ -189,12 +270,20 @@ class TrainGroup:
             ray.kill(actor)
 
 
-async def sync_to_engines(group: TrainGroup, engines: Sequence[Any]) -> tuple[float, float]:
-    """Push rank 0's weights to every engine actor via the object store; (gather s, load s)."""
+async def sync_to_engines(group: TrainGroup, engines: Sequence[Any]) -> SyncTimes:
+    """Push rank 0's weights to every engine actor via the object store.
+
+    Sleeping engines are woken as `weight_sync.push_weights` does: weights, load, KV cache.
+    `load_s` is the gather on the ranks plus the slowest engine's load."""
     from rstar2_trainer.cluster import ray_engines
 
     start = time.perf_counter()
+    asleep = [e for e in sleepers(engines) if e.sleeping]
+    await asyncio.gather(*(e.wake_up(["weights"]) for e in asleep))
+    woken = time.perf_counter()
     ref = await group.state_ref()
-    gathered = time.perf_counter() - start
-    loads = await asyncio.gather(*(e.load_weights_ref(ref) for e in ray_engines(engines)))
-    return gathered, max(loads)
+    await asyncio.gather(*(e.load_weights_ref(ref) for e in ray_engines(engines)))
+    loaded = time.perf_counter()
+    await asyncio.gather(*(e.wake_up(["kv_cache"]) for e in asleep))
+    end = time.perf_counter()
+    return SyncTimes(woken - start, loaded - woken, end - loaded, end - start)

@@ -1,0 +1,169 @@
+"""The RL policy trained on FSDP2 workers: the loop's handle with `cluster.train_workers`.
+
+With `cluster.train_workers: N` (N > 0) the policy update of every RL step runs on N FSDP2 ranks,
+one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
+
+    driver: kept trajectories + advantages -> rows ---> rank 0 .. N-1 (rows split by tokens)
+            lr, the algorithm's loss, temperature        train_step: forward, backward, AdamW
+                                                         on the sharded parameters and state
+    engines <-- object store <-- rank 0's full weights   (the driver never holds them)
+
+- `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver
+  trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them
+  on exit.
+- `update(...)` is `update.policy_update` on the ranks: the same loss (`WorkerPolicyLoss`, the
+  algorithm's policy loss on the rollouts' tempered logprobs), the same global normalisation, the
+  same metrics (loss, grad_norm, clip fractions, entropy, ...).
+- `sync(engines)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
+  returns the `time_sync_s` metrics.
+- SFT stays in the driver: `load_from(model)` copies the driver's weights into the ranks before RL.
+- Checkpoints: `save(checkpoints, step)` writes the ranks' sharded model and optimizer to
+  `checkpoints/workers/step_NNNNNN/` (DCP, loads at any world size), before the driver writes its
+  own checkpoint (curriculum, RNG, step; no model) so the driver's `latest` never points at a step
+  the workers lack; `restore(checkpoints, step)` loads that step into the ranks.
+- `export_into(model)` copies the trained weights into the driver's model (for `save_policy`).
+
+Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
+with `train_workers`), SFT on the ranks, a batch with fewer kept trajectories than ranks (an
+error that says what to change). The driver still loads one full copy of the model (for SFT and
+the exported policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rstar2_rollout.trajectory import Trajectory
+from rstar2_trainer.config import TrainerConfig
+from rstar2_trainer.distributed import DistributedConfig
+from rstar2_trainer.train_workers import TrainGroup, sync_to_engines
+from rstar2_trainer.update import WorkerPolicyLoss, policy_rows
+
+WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
+
+
+class WorkerPolicy:
+    """The driver's handle on the policy that lives, sharded, on the training ranks."""
+
+    def __init__(self, group: TrainGroup, config: TrainerConfig) -> None:
+        self.group = group
+        self.config = config
+        self.loss = WorkerPolicyLoss(config.algo)
+
+    async def update(
+        self,
+        kept: Sequence[Trajectory],
+        advantages: torch.Tensor,  # [K]
+        *,
+        lr: float,
+        pad_id: int,
+        temperature: float,
+    ) -> dict[str, float]:
+        """One optimizer step on the ranks; the metrics `policy_update` gives, plus tokens."""
+        if len(kept) < len(self.group.actors):
+            raise ValueError(
+                f"{len(kept)} kept trajectories cannot give each of {len(self.group.actors)} "
+                "training workers one; lower cluster.train_workers or raise curriculum.batch_size"
+            )
+        result = await self.group.step(
+            policy_rows(kept, advantages),
+            self.loss,
+            lr=lr,
+            pad_id=pad_id,
+            micro_batch_tokens=self.config.optim.micro_batch_tokens,
+            max_grad_norm=self.config.optim.grad_clip,
+            normalize_by=self.loss.normalize_by,
+            temperature=temperature,
+            with_entropy=True,
+        )
+        return {
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "train_tokens": result.tokens,
+            "train_micro_batches": result.micro_batches,
+            **result.metrics,
+        }
+
+    async def sync(self, engines: Sequence[Any]) -> dict[str, float]:
+        """Rank 0's weights into every engine; `time_sync_s` and its parts."""
+        return (await sync_to_engines(self.group, engines)).as_metrics()
+
+    async def load_from(self, model: torch.nn.Module) -> None:
+        """The driver's weights (after SFT) into every rank."""
+        await self.group.load_state(model.state_dict().items())
+
+    async def reset_optimizer(self) -> None:
+        await self.group.reset_optimizer()
+
+    async def save(self, checkpoints: Path, step: int) -> Path:
+        # One more than the driver keeps: a run killed between the two saves resumes from the
+        # driver's previous step, which must still be on disk.
+        keep = self.config.run.keep_checkpoints + 1
+        return await self.group.save(checkpoints / WORKERS_DIR, step, keep=keep)
+
+    async def restore(self, checkpoints: Path, step: int) -> None:
+        path = checkpoints / WORKERS_DIR / f"step_{step:06d}"
+        if not (path / ".metadata").is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: the checkpoint of step {step} was written without training "
+                "workers; resume with cluster.train_workers=0"
+            )
+        await self.group.load(path)
+
+    async def export_into(self, model: torch.nn.Module) -> None:
+        """The ranks' trained weights into the driver's `model`."""
+        model.load_state_dict(dict(await self.group.full_state()))
+
+
+def distributed_config(config: TrainerConfig) -> DistributedConfig:
+    """How the ranks shard and step, from the cluster, train and optim sections."""
+    cluster = config.cluster
+    assert cluster is not None
+    return DistributedConfig(
+        device="cuda" if cluster.gpus_per_train_worker else "cpu",
+        param_dtype=config.train.dtype,
+        activation_checkpointing=cluster.activation_checkpointing,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+        max_grad_norm=config.optim.grad_clip,
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_worker_policy(
+    config: TrainerConfig, model_dir: Path
+) -> AsyncIterator[WorkerPolicy | None]:
+    """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after."""
+    from rstar2_trainer.cluster import ClusterError
+
+    cluster = config.cluster
+    if cluster is None or cluster.train_workers == 0:
+        yield None
+        return
+    try:
+        group = await TrainGroup.start(
+            cluster.train_workers,
+            model_dir,
+            distributed_config(config),
+            lr=config.optim.lr,
+            betas=config.optim.betas,
+            weight_decay=config.optim.weight_decay,
+            gpus_per_worker=cluster.gpus_per_train_worker,
+            cpus_per_worker=cluster.cpus_per_train_worker,
+            threads=cluster.train_threads,
+            timeout_s=cluster.start_timeout_s,
+        )
+    except TimeoutError:
+        raise ClusterError(
+            f"{cluster.train_workers} training workers of {cluster.gpus_per_train_worker} GPU "
+            f"and {cluster.cpus_per_train_worker} CPU were not placed in "
+            f"{cluster.start_timeout_s:.0f} s; check `ray status` for free resources"
+        ) from None
+    try:
+        yield WorkerPolicy(group, config)
+    finally:
+        await group.close()

@@ -1,0 +1,325 @@
+"""The RL update on FSDP2 training workers equals the driver's `policy_update` on the same batch.
+
+- fast: the algorithm's loss through `distributed.train_step` (`WorkerPolicyLoss`, one process,
+  other micro-batch splits) gives `policy_update`'s loss, gradient norm, metrics and weights;
+- slow: two gloo ranks as Ray actors (`worker_policy.WorkerPolicy`) take that same step, and the
+  engine that then receives rank 0's weights generates what transformers does with them;
+- slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT in the driver and
+  its RL steps on the workers, logs the update's metrics, saves the workers' sharded checkpoints,
+  and `--resume` restores them (the exported policy equals the workers' last checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rstar2_algos import GrpoRocConfig, build_algorithm
+from rstar2_rollout.tiny import build_tiny_model
+from rstar2_rollout.trajectory import Trajectory
+from rstar2_trainer.distributed import train_step
+from rstar2_trainer.rundir import read_metrics
+from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows, policy_update
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+ALGO = GrpoRocConfig(entropy_coef=0.01)  # the entropy term in the loss, not only in the metrics
+TEMPERATURE = 0.8
+LR, WEIGHT_DECAY, CLIP = 3e-3, 0.01, 0.5
+
+
+def _kept() -> tuple[list[Trajectory], torch.Tensor]:
+    """Eight kept trajectories of very different lengths, tool output masked; advantages [K]."""
+    gen = torch.Generator().manual_seed(0)
+    kept = []
+    for i, n in enumerate((5, 17, 9, 30, 2, 11, 23, 4)):
+        ids = torch.randint(3, 1000, (n + 4,), generator=gen).tolist()
+        mask = [0 if 3 <= j < 6 else 1 for j in range(n)]
+        kept.append(
+            Trajectory(
+                group_id=f"p{i // 4}",
+                sample_index=i % 4,
+                prompt_ids=ids[:4],
+                response_ids=ids[4:],
+                loss_mask=mask,
+                reward=float(i % 2),
+            )
+        )
+    advantages = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3, -0.8, 1.1, -0.2])  # [K]
+    return kept, advantages
+
+
+def _reference(model_dir: Path) -> tuple[Any, Any]:
+    """`policy_update` in one process, micro-batches of 64 padded tokens."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = make_optimizer(model, LR, (0.9, 0.999), WEIGHT_DECAY)
+    kept, advantages = _kept()
+    result = policy_update(
+        model,
+        optimizer,
+        build_algorithm(ALGO),
+        kept,
+        advantages,
+        pad_id=0,
+        micro_batch_tokens=64,
+        grad_clip=CLIP,
+        temperature=TEMPERATURE,
+    )
+    return model, result
+
+
+def _check_metrics(got: dict[str, float], want: dict[str, float]) -> None:
+    assert set(got) == set(want), (got, want)
+    for key, value in want.items():
+        assert abs(got[key] - value) < 1e-5, (key, got[key], value)
+
+
+def test_worker_loss_through_train_step_equals_policy_update(tmp_path):
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
+    reference, expected = _reference(model_dir)
+    assert expected.metrics["clip_frac_low"] == 0  # ratio 1: one update per batch
+    assert expected.metrics["entropy"] > 1
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = make_optimizer(model, LR, (0.9, 0.999), WEIGHT_DECAY)
+    kept, advantages = _kept()
+    loss = WorkerPolicyLoss(ALGO)
+    result = train_step(
+        model,
+        optimizer,
+        policy_rows(kept, advantages),
+        loss,
+        pad_id=0,
+        micro_batch_tokens=40,  # another split than the reference's
+        max_grad_norm=CLIP,
+        normalize_by=loss.normalize_by,
+        temperature=TEMPERATURE,
+        with_entropy=True,
+    )
+    assert result.micro_batches > 1
+    assert result.tokens == expected.tokens
+    assert abs(result.loss - expected.loss) < 1e-6
+    assert abs(result.grad_norm - expected.grad_norm) < 1e-5
+    _check_metrics(result.metrics, expected.metrics)
+    _check_weights(model.state_dict(), reference.state_dict(), model_dir)
+
+
+def _check_weights(got: dict, want: dict, model_dir: Path) -> None:
+    """Adam moves every weight by about lr; float rounding of near-zero gradients (which Adam
+    normalises) shows as a small share of that."""
+    initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    assert set(got) == set(want)
+    moved = max((want[k] - initial[k]).abs().max().item() for k in want)
+    diff = max((got[k] - want[k]).abs().max().item() for k in want)
+    assert moved > 1e-3 and diff < 5e-5, (moved, diff)
+
+
+def test_sequence_aggregation_divides_by_rows(tmp_path):
+    """A sequence-mean algorithm normalises by rows on the workers, as `policy_update` does."""
+    algo = GrpoRocConfig(aggregation="sequence_mean")
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
+    kept, advantages = _kept()
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    expected = policy_update(
+        ref,
+        make_optimizer(ref, LR, (0.9, 0.999), 0.0),
+        build_algorithm(algo),
+        kept,
+        advantages,
+        pad_id=0,
+        micro_batch_tokens=64,
+        grad_clip=CLIP,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    loss = WorkerPolicyLoss(algo)
+    assert loss.normalize_by == "rows"
+    result = train_step(
+        model,
+        make_optimizer(model, LR, (0.9, 0.999), 0.0),
+        policy_rows(kept, advantages),
+        loss,
+        pad_id=0,
+        micro_batch_tokens=40,
+        max_grad_norm=CLIP,
+        normalize_by=loss.normalize_by,
+    )
+    assert abs(result.loss - expected.loss) < 1e-6
+    assert abs(result.grad_norm - expected.grad_norm) < 1e-5
+
+
+@pytest.mark.slow
+def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
+    """Two gloo ranks on Ray take `policy_update`'s step; the engine then runs their weights."""
+    pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
+    import ray
+
+    from rstar2_rollout.engine import SamplingParams
+    from rstar2_trainer.cluster import connect, start_engines
+    from rstar2_trainer.config import load_config
+    from rstar2_trainer.worker_policy import open_worker_policy
+
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
+    reference, expected = _reference(model_dir)
+    config = load_config(
+        "tiny",
+        [
+            "model.layers=2",
+            "model.vocab_size=1024",
+            "engine.kv_cache_memory_bytes=4194304",
+            "cluster.kind=ray",
+            "cluster.num_cpus=4",
+            "cluster.train_workers=2",
+            f"optim.weight_decay={WEIGHT_DECAY}",
+            f"optim.grad_clip={CLIP}",
+            "optim.micro_batch_tokens=40",
+        ],
+    ).model_copy(update={"algo": ALGO})
+    cluster = config.cluster
+    assert cluster is not None
+    kept, advantages = _kept()
+    prompt = kept[0].prompt_ids
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, logprobs=False)
+
+    async def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with open_worker_policy(config, model_dir) as workers:
+            assert workers is not None
+            out["metrics"] = await workers.update(
+                kept, advantages, lr=LR, pad_id=0, temperature=TEMPERATURE
+            )
+            out["state"] = dict(await workers.group.full_state())
+            (engine,) = await start_engines(config, cluster, model_dir, 2048)
+            try:
+                out["sync"] = await workers.sync([engine])
+                out["tokens"] = (await engine.generate(prompt, greedy, "after")).token_ids
+            finally:
+                await engine.close()
+            await workers.save(tmp_path / "ckpt", 1)
+            await workers.update(kept, advantages, lr=LR, pad_id=0, temperature=TEMPERATURE)
+            await workers.restore(tmp_path / "ckpt", 1)
+            out["restored"] = dict(await workers.group.full_state())
+        return out
+
+    connect(cluster)
+    try:
+        out = asyncio.run(scenario())
+    finally:
+        ray.shutdown()
+    metrics = out["metrics"]
+    assert metrics["train_tokens"] == expected.tokens
+    assert abs(metrics["loss"] - expected.loss) < 1e-5
+    assert abs(metrics["grad_norm"] - expected.grad_norm) < 1e-4
+    _check_metrics(
+        {k: v for k, v in metrics.items() if not k.startswith("train_")},
+        {"loss": expected.loss, "grad_norm": expected.grad_norm, **expected.metrics},
+    )
+    _check_weights(out["state"], reference.state_dict(), model_dir)
+    assert all(torch.equal(out["restored"][k], v) for k, v in out["state"].items())
+    # The engine received rank 0's weights: its greedy tokens are transformers' with them.
+    stepped: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    stepped.load_state_dict(out["state"])
+    with torch.no_grad():
+        want = stepped.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+    assert out["tokens"] == want[0, len(prompt) :].tolist()
+    assert out["sync"]["time_sync_s"] >= out["sync"]["time_sync_load_s"] > 0
+
+
+CLUSTER_RUN = [
+    "sft.examples=24",
+    "sft.epochs=1",
+    "sft.batch_size=8",
+    "eval.problems=4",
+    "eval.max_response_tokens=96",
+    "curriculum.batch_size=2",
+    "curriculum.source.n=40",
+    "curriculum.tiny.steps=[1,1,1]",
+    "curriculum.tiny.max_response_tokens=[64,96,96]",
+    "algo.group_size=2",
+    # Every step updates, whatever the rewards: equal-reward groups are kept, and the entropy
+    # term gives a gradient where their advantages are 0.
+    "algo.filtering=none",
+    "algo.entropy_coef=0.01",
+    "optim.lr=0.001",
+    "optim.warmup_steps=0",
+    "model.layers=2",
+    "model.vocab_size=1024",
+    "engine.kv_cache_memory_bytes=67108864",
+    "run.tensorboard=false",
+    "run.plots=false",
+    "cluster.kind=ray",
+    "cluster.num_cpus=4",
+    "cluster.services_host=127.0.0.1",
+    "cluster.sandbox_workers=1",
+    "cluster.verify_workers=1",
+    "cluster.train_workers=2",
+]
+
+
+def _train(args: list[str]) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rstar2_trainer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _policy_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "policy" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path):
+    pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
+    from rstar2_trainer.sharded_checkpoint import load_sharded
+
+    run_dir = tmp_path / "run"
+    code, out = _train(["tiny", f"run.output_dir={run_dir}", *CLUSTER_RUN])
+    assert code == 0, out[-3000:]
+    steps = [r for r in read_metrics(run_dir) if r["phase"] == "rl"]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:
+        for key in ("loss", "grad_norm", "pg_loss", "entropy", "approx_kl", "clip_frac_high"):
+            assert isinstance(r[key], float), (key, r)
+        assert r["kept"] >= 2 and r["train_tokens"] > 0 and r["time_train_s"] > 0
+        assert r["time_sync_s"] >= r["time_sync_load_s"] > 0
+    assert any(r["phase"] == "sft" for r in read_metrics(run_dir))  # SFT ran in the driver
+
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "latest").read_text() == "step_000003"
+    assert not (checkpoints / "step_000003" / "model.pt").exists()  # the workers hold the model
+    assert (checkpoints / "workers" / "step_000003" / ".metadata").is_file()
+    # The exported policy is the workers' last state; their checkpoint loads without Ray.
+    exported = _policy_weights(run_dir)
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
+    load_sharded(checkpoints / "workers" / "step_000003", model=model, optimizer=None)
+    final = model.state_dict()
+    assert exported and all(torch.equal(v, final[k]) for k, v in exported.items())
+    initial = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
+    assert any(not torch.equal(v, initial.state_dict()[k]) for k, v in exported.items())
+
+    # --resume restores the workers from their checkpoint (the plan is finished: it exports).
+    (run_dir / "policy" / "model.safetensors").unlink()
+    code, out = _train(["--resume", str(run_dir)])
+    assert code == 0, out[-3000:]
+    assert "resumed" in out
+    resumed = _policy_weights(run_dir)
+    assert all(torch.equal(v, exported[k]) for k, v in resumed.items())
