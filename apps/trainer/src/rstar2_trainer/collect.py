@@ -84,6 +84,31 @@ class Collected:
     tool_s: float = 0.0  # summed time trajectories waited on the sandbox
     generate_s: float = 0.0  # summed time trajectories waited on the engine
 
+    @classmethod
+    def of(
+        cls,
+        problems: Sequence[Problem],
+        trajectories: Iterable[Trajectory],
+        failed_jobs: list[str],
+        *,
+        rollout_s: float,
+        grade_tail_s: float,
+        engine_idle_s: float,
+    ) -> Collected:
+        """Trajectories put back in batch order (problem, then sample) and their summed times."""
+        order = {p.id: i for i, p in enumerate(problems)}
+        ordered = sorted(trajectories, key=lambda t: (order[t.group_id], t.sample_index))
+        return cls(
+            problems=list(problems),
+            trajectories=ordered,
+            failed_jobs=failed_jobs,
+            rollout_s=rollout_s,
+            grade_tail_s=grade_tail_s,
+            engine_idle_s=engine_idle_s,
+            tool_s=sum(t.timings.tool_s for t in ordered),
+            generate_s=sum(t.timings.generate_s for t in ordered),
+        )
+
 
 async def collect(
     problems: Sequence[Problem],
@@ -105,7 +130,6 @@ async def collect(
     fmt = ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
     jobs = []
     by_id = {p.id: p for p in problems}
-    order = {p.id: i for i, p in enumerate(problems)}
     for problem in problems:
         prompt_len = len(fmt.prompt_ids(problem.question))
         for i in range(n):
@@ -134,16 +158,13 @@ async def collect(
     idle = sum(meter.close_window() for meter in meters)
     tail_start = time.perf_counter()
     await asyncio.gather(*grading)
-    ordered = sorted(trajectories, key=lambda t: (order[t.group_id], t.sample_index))
-    return Collected(
-        problems=list(problems),
-        trajectories=ordered,
-        failed_jobs=failed,
+    return Collected.of(
+        problems,
+        trajectories,
+        failed,
         rollout_s=rollout_s,
         grade_tail_s=time.perf_counter() - tail_start,
         engine_idle_s=idle,
-        tool_s=sum(t.timings.tool_s for t in ordered),
-        generate_s=sum(t.timings.generate_s for t in ordered),
     )
 
 

@@ -162,7 +162,6 @@ async def collect_remote(
     assert remote is not None
     fmt = ChatFormat(parts.tokenizer, system_prompt(style=config.system_prompt))
     by_id = {p.id: p for p in problems}
-    order = {p.id: i for i, p in enumerate(problems)}
     sampling = RolloutSampling(
         n=n,
         temperature=config.temperature,
@@ -211,16 +210,13 @@ async def collect_remote(
         await asyncio.gather(*grading, return_exceptions=True)
     for task in grading:
         task.result()  # a grading error surfaces here, as in the local path
-    ordered = sorted(trajectories, key=lambda t: (order[t.group_id], t.sample_index))
-    return Collected(
-        problems=list(problems),
-        trajectories=ordered,
-        failed_jobs=failed,
+    return Collected.of(
+        problems,
+        trajectories,
+        failed,
         rollout_s=rollout_s,
         grade_tail_s=time.perf_counter() - tail_start,
         engine_idle_s=0.0,
-        tool_s=sum(t.timings.tool_s for t in ordered),
-        generate_s=sum(t.timings.generate_s for t in ordered),
     )
 
 
