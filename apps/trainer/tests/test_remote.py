@@ -21,14 +21,6 @@ from rstar2_trainer.rundir import read_metrics
 
 BIN = Path(sys.executable).parent
 SMALL = [
-    "sft.examples=24",
-    "sft.epochs=1",
-    "sft.batch_size=8",
-    "eval.problems=4",
-    "eval.max_response_tokens=96",
-    "curriculum.batch_size=2",
-    "curriculum.source.n=40",
-    "algo.group_size=2",
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,64,64]",
     "run.plots=false",
@@ -96,13 +88,16 @@ def _greedy(address: str) -> list[int]:
 
 
 @pytest.mark.slow  # vLLM start-up, SFT and three RL steps on 2 CPU cores: ~2 min
-def test_trainer_rolls_out_on_a_remote_worker(tmp_path: Path, worker: tuple[Path, str]) -> None:
+def test_trainer_rolls_out_on_a_remote_worker(
+    tmp_path: Path, worker: tuple[Path, str], tiny_run: list[str]
+) -> None:
     model, address = worker
     before = _greedy(address)
     run_dir = tmp_path / "run"
     args = [
         "tiny",
         f"run.output_dir={run_dir}",
+        *tiny_run,
         *SMALL,
         f"model={{kind: pretrained, path: {model}}}",
         f"remote.workers=[{address}]",

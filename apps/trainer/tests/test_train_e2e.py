@@ -22,14 +22,6 @@ from rstar2_trainer.rundir import read_metrics
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "sft.examples=24",
-    "sft.epochs=1",
-    "sft.batch_size=8",
-    "eval.problems=4",
-    "eval.max_response_tokens=96",
-    "curriculum.batch_size=2",
-    "curriculum.source.n=40",
-    "algo.group_size=2",
     "model.layers=2",
     "model.vocab_size=1024",
     "engine.kv_cache_memory_bytes=67108864",
@@ -51,10 +43,10 @@ def _rl_steps(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if r["phase"] == "rl"]
 
 
-def test_tiny_run_end_to_end(tmp_path):
+def test_tiny_run_end_to_end(tmp_path, tiny_run):
     run_dir = tmp_path / "run"
     stages = ["curriculum.tiny.steps=[1,1,1]", "curriculum.tiny.max_response_tokens=[64,96,96]"]
-    proc = _train(["tiny", f"run.output_dir={run_dir}", *SMALL, *stages])
+    proc = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *SMALL, *stages])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     assert "Held-out evaluation" in out and str(run_dir) in out
@@ -128,10 +120,10 @@ def _check_policy_export(run_dir: Path, tmp_path: Path) -> None:
     assert summary["problems"] == 2
 
 
-def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path):
+def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path, tiny_run):
     run_dir = tmp_path / "run"
     stages = ["curriculum.tiny.steps=[5,4,3]", "curriculum.tiny.max_response_tokens=[64,64,64]"]
-    args = ["tiny", f"run.output_dir={run_dir}", *SMALL, *stages, "eval.problems=2"]
+    args = ["tiny", f"run.output_dir={run_dir}", *tiny_run, *SMALL, *stages, "eval.problems=2"]
     proc = _train(args, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -163,7 +155,7 @@ def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path):
     assert json.loads((run_dir / "checkpoints" / "step_000012" / "state.json").read_text())
 
 
-def test_a_port_in_use_fails_with_one_line(tmp_path):
+def test_a_port_in_use_fails_with_one_line(tmp_path, tiny_run):
     import socket
 
     with socket.socket() as held:
@@ -171,7 +163,13 @@ def test_a_port_in_use_fails_with_one_line(tmp_path):
         held.listen()
         port = held.getsockname()[1]
         proc = _train(
-            ["tiny", f"run.output_dir={tmp_path / 'r'}", f"sandbox_service.port={port}", *SMALL]
+            [
+                "tiny",
+                f"run.output_dir={tmp_path / 'r'}",
+                f"sandbox_service.port={port}",
+                *tiny_run,
+                *SMALL,
+            ]
         )
         out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1

@@ -240,16 +240,8 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
 
 
 CLUSTER_RUN = [
-    "sft.examples=24",
-    "sft.epochs=1",
-    "sft.batch_size=8",
-    "eval.problems=4",
-    "eval.max_response_tokens=96",
-    "curriculum.batch_size=2",
-    "curriculum.source.n=40",
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,96,96]",
-    "algo.group_size=2",
     # Every step updates, whatever the rewards: equal-reward groups are kept, and the entropy
     # term gives a gradient where their advantages are 0.
     "algo.filtering=none",
@@ -287,12 +279,12 @@ def _policy_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path):
+def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     from rstar2_trainer.sharded_checkpoint import load_sharded
 
     run_dir = tmp_path / "run"
-    code, out = _train(["tiny", f"run.output_dir={run_dir}", *CLUSTER_RUN])
+    code, out = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *CLUSTER_RUN])
     assert code == 0, out[-3000:]
     steps = [r for r in read_metrics(run_dir) if r["phase"] == "rl"]
     assert [r["step"] for r in steps] == [1, 2, 3]
