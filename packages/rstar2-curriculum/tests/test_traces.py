@@ -100,6 +100,30 @@ def test_problems_without_a_solution_are_refused():
         sft_traces([Problem(id="x", question="Q?", answer="1")], seed=0)
     with pytest.raises(ValueError, match="failure_rate"):
         sft_traces([], seed=0, failure_rate=2.0)
+    with pytest.raises(ValueError, match="direct_share"):
+        sft_traces([], seed=0, direct_share=-0.1)
+
+
+def test_a_direct_share_of_traces_answers_without_the_tool(traced):
+    problems, with_tool = traced
+    mixed = sft_traces(problems, seed=9, failure_rate=0.4, direct_share=0.5)
+    direct = [e for e in mixed if len(e.messages) == 2]
+    by_id = {p.id: p for p in problems}
+    short = [p for p in problems if len(p.answer) <= 3]
+    assert 0.2 * len(short) <= len(direct) <= 0.8 * len(short)  # half of them expected
+    assert all(len(by_id[e.id].answer) <= 3 for e in direct)  # long answers keep the tool
+    for example in direct:
+        user, answer = example.messages
+        assert user.content == by_id[example.id].question
+        final = FINAL.match(answer.content)
+        assert final and final.group(1) == by_id[example.id].answer
+        assert "<tool_call>" not in answer.content
+    # the others are the very traces a run without direct answers makes
+    kept = {e.id: e for e in with_tool}
+    assert all(e == kept[e.id] for e in mixed if len(e.messages) > 2)
+    assert sft_traces(problems, seed=9, failure_rate=0.4, direct_share=0.0) == with_tool
+    everything = sft_traces(problems, seed=1, direct_share=1.0, direct_max_digits=99)
+    assert all(len(e.messages) == 2 for e in everything)
 
 
 def test_a_wrong_reference_answer_can_never_become_a_trace():

@@ -70,7 +70,9 @@ def _synth(args: argparse.Namespace) -> None:
     write_jsonl(problems, args.out)
     print(f"wrote {len(problems)} problems to {args.out}")
     if args.sft:
-        examples = sft_traces(problems, args.seed, failure_rate=args.failure_rate)
+        examples = sft_traces(
+            problems, args.seed, failure_rate=args.failure_rate, direct_share=args.direct_share
+        )
         write_sft_jsonl(examples, args.sft)
         print(f"wrote {len(examples)} SFT traces to {args.sft}")
 
@@ -117,7 +119,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--difficulty", choices=["1", "2", "3", "mixed"], default="mixed")
     s.add_argument("--out", required=True)
     s.add_argument("--sft", help="also write worked tool-call traces here")
-    s.add_argument("--failure-rate", type=float, default=0.3)
+    s.add_argument(
+        "--failure-rate", type=float, default=0.3, help="share of traces that fail first"
+    )
+    s.add_argument(
+        "--direct-share",
+        type=float,
+        default=0.0,
+        help="share of traces that answer without the tool",
+    )
     s.set_defaults(run=_synth)
 
     v = sub.add_parser("convert", help="convert tool-calling / instruction JSONL to SFT examples")

@@ -5,7 +5,14 @@
 sentence and calls the python tool, the tool's output, and a final turn with
 `<answer>... \\boxed{N} </answer>`. A share of traces (`failure_rate`) first calls a broken
 program (a misspelt variable, an unclosed parenthesis, a missing import), reads the real error,
-says what went wrong and calls the fixed program.
+says what went wrong and calls the fixed program. Another share (`direct_share`) of the problems
+whose answer is short (at most `direct_max_digits` digits: a count, a residue) answers straight
+away without the tool, as a non-reasoning instruct model does with a question whose answer looks
+small: the answer in such a trace is right, but a small model cannot compute it in its head, so a
+policy that answers directly on new problems mostly guesses wrong. The paper's SFT teaches the
+format and leaves the habit of computing with the tool to RL; this share is how the tiny recipe
+leaves RL that job. (Long answers stay with the tool: a model that learns to recall long numbers
+learns to copy them from the tool's output more slowly.)
 
 Every tool message is what the program really prints: all programs run in a fresh interpreter
 (`python -I -S -c`) while the traces are made, and a trace whose final output is not the problem's
@@ -41,6 +48,11 @@ _CLOSERS = (
     "The output is {n}, which answers the question.",
 )
 _ANSWERS = ("The answer is \\boxed{{{n}}}.", "\\boxed{{{n}}}", "So the result is \\boxed{{{n}}}.")
+_DIRECT = (
+    "This is quick to work out directly.",
+    "I can answer this without running code.",
+    "I know this one.",
+)
 _FIXES = {
     "typo": "I misspelt the variable {var}. Let me fix the name and run it again.",
     "syntax": "I left a parenthesis unclosed. Let me fix the syntax.",
@@ -53,6 +65,7 @@ class _Plan:
     problem: Problem
     failure: str | None  # "typo" | "syntax" | "import" | None
     broken: str | None
+    direct: bool  # answer without calling the tool
     rng_seed: str
 
 
@@ -68,9 +81,16 @@ def _break(code: str, var: str, failure: str) -> str:
     return "\n".join(lines)
 
 
-def _plan(problem: Problem, seed: int, failure_rate: float) -> _Plan:
+def _plan(
+    problem: Problem, seed: int, failure_rate: float, direct_share: float, direct_max_digits: int
+) -> _Plan:
     if "solution" not in problem.metadata or "var" not in problem.metadata:
         raise ValueError(f"problem {problem.id} has no reference solution (not synthetic?)")
+    text_seed = f"rstar2-trace-text:{seed}:{problem.id}"
+    # its own stream, so that direct_share=0 leaves every other choice as it was
+    short = len(problem.answer.lstrip("-")) <= direct_max_digits
+    if short and random.Random(f"rstar2-trace-direct:{seed}:{problem.id}").random() < direct_share:
+        return _Plan(problem, None, None, True, text_seed)
     rng = random.Random(f"rstar2-trace:{seed}:{problem.id}")
     code: str = problem.metadata["solution"]
     failure = None
@@ -78,7 +98,7 @@ def _plan(problem: Problem, seed: int, failure_rate: float) -> _Plan:
         kinds = ["typo", "syntax"] + (["import"] if "import math" in code.split("\n") else [])
         failure = rng.choice(kinds)
     broken = _break(code, problem.metadata["var"], failure) if failure else None
-    return _Plan(problem, failure, broken, f"rstar2-trace-text:{seed}:{problem.id}")
+    return _Plan(problem, failure, broken, False, text_seed)
 
 
 def sft_traces(
@@ -86,11 +106,14 @@ def sft_traces(
     seed: int,
     failure_rate: float = 0.3,
     workers: int = 2,
+    direct_share: float = 0.0,
+    direct_max_digits: int = 3,
 ) -> list[SFTExample]:
-    """One worked tool-call trace per problem, in order; see the module docstring."""
-    if not 0.0 <= failure_rate <= 1.0:
-        raise ValueError(f"failure_rate must be in [0, 1], not {failure_rate}")
-    plans = [_plan(p, seed, failure_rate) for p in problems]
+    """One worked trace per problem, in order; see the module docstring."""
+    for name, value in (("failure_rate", failure_rate), ("direct_share", direct_share)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], not {value}")
+    plans = [_plan(p, seed, failure_rate, direct_share, direct_max_digits) for p in problems]
     codes = [p.problem.metadata["solution"] for p in plans]
     broken = [p.broken for p in plans if p.broken is not None]
     outputs = run_many(codes + broken, workers=workers)
@@ -105,6 +128,18 @@ def sft_traces(
                 f"expected {problem.answer!r}"
             )
         rng = random.Random(plan.rng_seed)
+        if plan.direct:
+            answer = rng.choice(_ANSWERS).format(n=problem.answer)
+            reason = rng.choice(_DIRECT)
+            messages = [
+                Message(role="user", content=problem.question),
+                Message(
+                    role="assistant",
+                    content=f"<reason>{reason}</reason>\n<answer>{answer}</answer>",
+                ),
+            ]
+            examples.append(SFTExample(messages=messages, id=problem.id))
+            continue
         reason = rng.choice(_OPENERS) + _PLANS.get(problem.metadata.get("family", ""), "")
         messages = [Message(role="user", content=problem.question)]
         first_code = plan.broken if plan.broken is not None else code
