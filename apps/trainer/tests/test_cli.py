@@ -29,6 +29,8 @@ def test_override_is_applied():
         (["tiny", "rollout.no_such=1"], "unknown key 'rollout.no_such'"),
         (["tiny", "rollout.max_turns=-1"], "rollout.max_turns"),
         (["tiny", "garbage"], "not of the form a.b=value"),
+        (["tiny", "eval.samples=4", "eval.temperature=0"], "set eval.temperature above 0"),
+        (["tiny", "sft.direct_share=1.5"], "sft.direct_share"),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(argv, message, capsys):

@@ -46,7 +46,8 @@ def _rl_steps(run_dir: Path) -> list[dict]:
 def test_tiny_run_end_to_end(tmp_path, tiny_run):
     run_dir = tmp_path / "run"
     stages = ["curriculum.tiny.steps=[1,1,1]", "curriculum.tiny.max_response_tokens=[64,96,96]"]
-    proc = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *SMALL, *stages])
+    sampled_eval = ["eval.temperature=0.6", "eval.samples=2", "sft.direct_share=0.25"]
+    proc = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *SMALL, *stages, *sampled_eval])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     assert "Held-out evaluation" in out and str(run_dir) in out
@@ -54,11 +55,13 @@ def test_tiny_run_end_to_end(tmp_path, tiny_run):
     evals = [r for r in records if r["phase"] == "eval"]
     assert [e["when"] for e in evals][:2] == ["before_sft", "after_sft"]
     assert len(evals) == 5  # before SFT, after SFT, after each of three stages
+    for e in evals:  # avg@2: two sampled trajectories per held-out problem
+        assert (e["problems"], e["samples"], e["trajectories"]) == (4, 2, 8)
     steps = _rl_steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2, 3]
     for r in steps:
         keys = ("reward", "time_rollout_s", "time_train_s", "engine_idle_share", "kept")
-        for key in (*keys, "time_sleep_s", "time_sync_s"):
+        for key in (*keys, "time_sleep_s", "time_sync_s", "tool_use_share"):
             assert key in r, key
         assert r["trajectories"] == 2 * 4  # batch 2 x 2G=4 rollouts
     sft = [r for r in records if r["phase"] == "sft"]

@@ -77,6 +77,12 @@ class SFTConfig(_Section):
     failure_rate: float = Field(
         default=0.3, ge=0, le=1, description="Share of traces whose first tool call fails."
     )
+    direct_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of traces that answer without the tool (RL then has to teach it).",
+    )
     difficulty: Literal[1, 2, 3, "mixed"] = Field(
         default="mixed", description="Difficulty of the synthetic problems the traces solve."
     )
@@ -146,8 +152,22 @@ class EvalConfig(_Section):
         default="mixed", description="Difficulty of the held-out synthetic problems."
     )
     temperature: float = Field(default=0.0, ge=0, description="0: greedy.")
+    samples: int = Field(
+        default=1,
+        gt=0,
+        description="Trajectories per problem; accuracy is their mean (the paper's avg@k).",
+    )
     max_turns: int = Field(default=4, gt=0, description="Turns per evaluation trajectory.")
     max_response_tokens: int = Field(default=384, gt=0, description="Response budget.")
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> EvalConfig:
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"eval.samples={self.samples} with greedy decoding repeats one answer; "
+                "set eval.temperature above 0 (the paper evaluates at 0.6) or eval.samples=1"
+            )
+        return self
 
 
 class ClusterConfig(BaseModel):

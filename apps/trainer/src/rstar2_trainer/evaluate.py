@@ -1,8 +1,10 @@
 """Held-out evaluation inside a training run: accuracy of the current policy on unseen problems.
 
 The held-out set is synthetic problems drawn with the evaluation seed, minus any question that
-also appears in the training set. Each problem gets one trajectory at the evaluation temperature
-(greedy by default) through the same scheduler, agent loop, sandbox and grader as training.
+also appears in the training set. Each problem gets `samples` trajectories at the evaluation
+temperature (one greedy trajectory by default) through the same scheduler, agent loop, sandbox
+and grader as training; accuracy is the mean reward over all of them (avg@k, as the paper
+reports).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ async def evaluate(
             "seed": config.seed,
         }
     )
-    collected = await collect(problems, 1, parts, rollout, on_done)
+    collected = await collect(problems, config.samples, parts, rollout, on_done)
     stats = trajectory_stats(collected.trajectories)
     stats["accuracy"] = stats.pop("reward", 0.0)
     stats["problems"] = len(problems)
+    stats["samples"] = config.samples
     stats["failed_jobs"] = len(collected.failed_jobs)
     return stats, collected

@@ -43,6 +43,7 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
         f"step {step:>3} [{stage}] reward {_fmt(m.get('reward'), 2)} "
         f"kept {m.get('groups_kept', 0)}/{m.get('groups_in', 0)} groups "
         f"(all-correct {m.get('groups_all_correct', 0)}, all-wrong {m.get('groups_all_wrong', 0)}) "
+        f"tool use {_fmt(m.get('tool_use_share'), 2)} "
         f"tool-err pos {_fmt(m.get('tool_error_ratio_pos'), 2)} "
         f"neg {_fmt(m.get('tool_error_ratio_neg'), 2)} "
         f"len {_fmt(m.get('response_len_mean'), 0)} trunc {_fmt(m.get('truncation_ratio'), 2)} | "
@@ -55,14 +56,16 @@ def final_table(
     evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, system_prompt: str
 ) -> None:
     table = Table(title="Held-out evaluation")
-    for column in ("when", "step", "accuracy", "problems", "tool-err (correct)", "answered", "len"):
+    columns = ("when", "step", "accuracy", "problems x k", "uses tool", "tool-err (correct)")
+    for column in (*columns, "answered", "len"):
         table.add_column(column, justify="right" if column != "when" else "left")
     for e in evals:
         table.add_row(
             str(e["when"]),
             str(e["step"]),
             _fmt(e.get("accuracy")),
-            str(e.get("problems")),
+            f"{e.get('problems')} x {e.get('samples', 1)}",
+            _fmt(e.get("tool_use_share"), 2),
             _fmt(e.get("tool_error_ratio_pos")),
             _fmt(e.get("finish_answered"), 2),
             _fmt(e.get("response_len_mean"), 0),

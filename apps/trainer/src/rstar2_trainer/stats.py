@@ -40,6 +40,7 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float | No
         "response_len_max": max(lengths),
         "truncation_ratio": reasons.get("max_length", 0) / n,
         "tool_calls_mean": sum(calls) / n,
+        "tool_use_share": sum(1 for c in calls if c > 0) / n,
         "tool_error_ratio": tool_error_ratio(trajectories),
         "tool_error_ratio_pos": tool_error_ratio(positives),
         "tool_error_ratio_neg": tool_error_ratio(negatives),

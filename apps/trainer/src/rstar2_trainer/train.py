@@ -96,7 +96,12 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
     ckpt = load_latest(checkpoints) if resume else None
     traces = []
     if config.sft.enabled and ckpt is None:
-        traces = sft_traces(sft_problems, seed=seed, failure_rate=config.sft.failure_rate)
+        traces = sft_traces(
+            sft_problems,
+            seed=seed,
+            failure_rate=config.sft.failure_rate,
+            direct_share=config.sft.direct_share,
+        )
 
     corpus = tokenizer_corpus(problems, traces, config.rollout.system_prompt)
     opener = open_parts if config.cluster is None else open_cluster_parts
@@ -115,14 +120,16 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
 
         async def run_eval(when: str, step: int) -> None:
             parts.check_servers()
-            with report.progress(f"eval ({when})", len(held_out)) as advance:
+            total = len(held_out) * config.eval.samples
+            with report.progress(f"eval ({when})", total) as advance:
                 stats, _ = await evaluate(parts, held_out, config.eval, config.rollout, advance)
             record = {"when": when, **stats}
             evals.append({**record, "step": step})
             log.log("eval", step, record)
             report.console.print(
                 f"eval {when}: accuracy {stats['accuracy']:.3f} on {stats['problems']} held-out "
-                f"problems, tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
+                f"problems x {config.eval.samples}, "
+                f"tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
             )
 
         if ckpt is None:
