@@ -91,13 +91,8 @@ def _check_policy_export(run_dir: Path, tmp_path: Path) -> None:
     for name, tensor in saved.items():
         assert torch.equal(tensor, final[name]), name
 
-    problems = tmp_path / "problems.jsonl"
-    problems.write_text(
-        "".join(
-            json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n"
-            for a, b in ((12, 34), (56, 78))
-        )
-    )
+    problems = run_dir / "heldout.jsonl"  # the run's own held-out problems
+    assert len(problems.read_text().splitlines()) == 4
     argv = [
         str(Path(sys.executable).with_name("rstar2-eval")),
         "run",
@@ -120,7 +115,7 @@ def _check_policy_export(run_dir: Path, tmp_path: Path) -> None:
     )
     assert right.returncode == 0, right.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
-    assert summary["problems"] == 2
+    assert summary["problems"] == 4
 
 
 def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path, tiny_run):

@@ -1,4 +1,5 @@
-"""`rstar2-train [RECIPE] [a.b=value ...]` and `rstar2-train --resume RUN_DIR`.
+"""`rstar2-train [RECIPE] [a.b=value ...]`, `rstar2-train --resume RUN_DIR`, and
+`rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder).
 
 A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run) is
 one line on stderr and exit code 2, never a traceback. A service that fails (a port in use, a
@@ -30,7 +31,30 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dry-run", action="store_true", help="validate, print the plan and the config, exit"
     )
+    parser.add_argument(
+        "--export",
+        metavar="RUN_DIR",
+        help="write a checkpoint of RUN_DIR as a Hugging Face folder (rstar2-eval runs it), exit",
+    )
+    parser.add_argument(
+        "--step", type=int, help="with --export: the checkpoint's step (default: the latest)"
+    )
+    parser.add_argument(
+        "--to", metavar="OUT", help="with --export: where (default: RUN_DIR/policy_step_N)"
+    )
     return parser
+
+
+def _export(args: argparse.Namespace) -> int:
+    from rstar2_trainer.export import export_checkpoint
+
+    run_dir = Path(args.export)
+    out = export_checkpoint(run_dir, args.step, Path(args.to) if args.to else None)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    style = config.get("rollout", {}).get("system_prompt", "paper")
+    print(f"wrote {out}")
+    print(f"evaluate it: rstar2-eval run {out} {run_dir / 'heldout.jsonl'} system_prompt={style}")
+    return 0
 
 
 def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path, bool]:
@@ -63,6 +87,12 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path, bool]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if (args.step is not None or args.to) and not args.export:
+            raise ConfigError("--step and --to go with --export RUN_DIR")
+        if args.export:
+            if args.resume or args.dry_run or args.overrides or args.recipe != "tiny":
+                raise ConfigError("--export takes only a run directory (and --step, --to)")
+            return _export(args)
         if args.dry_run:
             config = load_config(*_split(args))
             print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")

@@ -73,8 +73,8 @@ def final_table(
     console.print(table)
     console.print(f"run directory: {run_dir}")
     console.print(
-        f"trained policy: {policy} (evaluate it: rstar2-eval run {policy} problems.jsonl "
-        f"system_prompt={system_prompt})"
+        f"trained policy: {policy} (evaluate it on the held-out problems: rstar2-eval run "
+        f"{policy} {run_dir / 'heldout.jsonl'} system_prompt={system_prompt})"
     )
 
 

@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from rstar2_algos import build_algorithm
-from rstar2_curriculum import Curriculum, StepMetrics, generate_problems, load_problems, sft_traces
+from rstar2_curriculum import (
+    Curriculum,
+    StepMetrics,
+    generate_problems,
+    load_problems,
+    sft_traces,
+    write_jsonl,
+)
 from rstar2_rollout.chat import encode_conversation
 from rstar2_rollout.loop import derive_seed
 from rstar2_trainer import report
@@ -92,6 +99,7 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
         config.sft.examples, seed=derive_seed(seed, "sft"), difficulty=config.sft.difficulty
     )
     held_out = held_out_problems(config.eval, [*problems, *sft_problems])
+    write_jsonl(held_out, run_dir / "heldout.jsonl")  # for rstar2-eval on the same problems
     checkpoints = run_dir / "checkpoints"
     ckpt = load_latest(checkpoints) if resume else None
     traces = []

@@ -1,0 +1,82 @@
+"""`rstar2-train --export`: a kept checkpoint of a run as a policy folder rstar2-eval loads."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rstar2_trainer.build import prepare_model_dir
+from rstar2_trainer.checkpoint import save_checkpoint
+from rstar2_trainer.cli import main
+from rstar2_trainer.config import ConfigError, load_config
+from rstar2_trainer.export import export_checkpoint
+from rstar2_trainer.rundir import write_config
+
+MODEL = ["model.layers=1", "model.hidden_size=64", "model.vocab_size=512", "model.heads=2"]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory as the trainer leaves it: config, model folder, checkpoints 0 and 5."""
+    run = tmp_path / "run"
+    run.mkdir()
+    config = load_config("tiny", [f"run.output_dir={run}", *MODEL])
+    write_config(run, config)
+    prepare_model_dir(config, run)  # the tiny model, built as the trainer builds it
+    weights = load_file(run / "model" / "model.safetensors")
+    for step in (0, 5):  # distinct weights per step
+        state = {k: v + step for k, v in weights.items()}
+        module = torch.nn.Module()
+        module.state_dict = lambda state=state: state  # type: ignore[method-assign]
+        save_checkpoint(run / "checkpoints", step, model=module, optimizer=None, state={})
+    return run
+
+
+def _exported(folder) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def test_latest_and_a_chosen_step_are_written_with_their_weights(run_dir, tmp_path):
+    latest = export_checkpoint(run_dir)
+    assert latest == run_dir / "policy_step_000005"
+    step0 = export_checkpoint(run_dir, 0, tmp_path / "sft")
+    base = load_file(run_dir / "model" / "model.safetensors")
+    for name, tensor in _exported(step0).items():
+        assert torch.equal(tensor, base[name]), name
+    for name, tensor in _exported(latest).items():
+        assert torch.equal(tensor, base[name] + 5), name
+    meta = json.loads((step0 / "rstar2.json").read_text())
+    assert meta == {"system_prompt": "compact", "step": 0}
+    assert (step0 / "tokenizer.json").exists() and (step0 / "config.json").exists()
+
+
+def test_the_cli_prints_the_folder_and_the_eval_command(run_dir, tmp_path, capsys):
+    assert main(["--export", str(run_dir), "--step", "0", "--to", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'p'}" in out
+    assert f"rstar2-eval run {tmp_path / 'p'} {run_dir / 'heldout.jsonl'}" in out
+    assert "system_prompt=compact" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--export", "{run}", "--step", "3"], "keeps no checkpoint of step 3 (kept: [0, 5]"),
+        (["--export", "{tmp}"], "is not a run directory"),
+        (["--step", "3"], "--step and --to go with --export"),
+        (["--export", "{run}", "--resume", "{run}"], "--export takes only a run directory"),
+        (["--export", "{run}", "--to", "{tmp}/no/such/p"], "is not a writable folder"),
+    ],
+)
+def test_mistakes_are_one_line_and_exit_2(run_dir, tmp_path, capsys, argv, message):
+    argv = [a.format(run=run_dir, tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_checkpoint_without_driver_weights_is_refused(run_dir):
+    (run_dir / "checkpoints" / "step_000005" / "model.pt").unlink()
+    with pytest.raises(ConfigError, match="trained on FSDP2 workers"):
+        export_checkpoint(run_dir, 5)
