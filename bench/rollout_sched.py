@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rstar2_rollout.config import (
     KVAwarePolicy,
+    KVProgressPolicy,
     LeastRequestsPolicy,
     SchedulerConfig,
     StaticPolicy,
@@ -39,6 +40,7 @@ SCENARIOS = {
 KV_AWARE = SchedulerConfig(policy=KVAwarePolicy())
 RUNS: list[tuple[str, SchedulerConfig, bool, Order]] = [
     ("kv_aware", KV_AWARE, False, "submitted"),
+    ("kv_progress", SchedulerConfig(policy=KVProgressPolicy()), False, "submitted"),
     ("static", SchedulerConfig(policy=StaticPolicy()), False, "submitted"),
     ("static+turn_barrier", SchedulerConfig(policy=StaticPolicy()), True, "submitted"),
     ("least_requests", SchedulerConfig(policy=LeastRequestsPolicy()), False, "submitted"),

@@ -1,9 +1,10 @@
 """The scheduler on simulated engines (a real Engine over a virtual clock): admission, refill,
-stickiness, no preemption under kv_aware, dead engines."""
+stickiness, no preemption under kv_aware and kv_progress, turns waiting for room, dead engines."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from hypothesis import given, settings
@@ -11,18 +12,21 @@ from hypothesis import strategies as st
 
 from rstar2_rollout.config import (
     KVAwarePolicy,
+    KVProgressPolicy,
     LeastRequestsPolicy,
     SchedulerConfig,
     StaticPolicy,
 )
-from rstar2_rollout.engine import Engine, SamplingParams
+from rstar2_rollout.engine import Engine, EngineProgress, SamplingParams
 from rstar2_rollout.scheduler import Job, Scheduler
 from rstar2_rollout.simulate import (
     EngineModel,
+    Scenario,
     SimEngine,
     TrajectorySpec,
     run_trajectory,
     run_virtual,
+    simulate,
 )
 
 KV = SchedulerConfig(policy=KVAwarePolicy())
@@ -235,3 +239,171 @@ def test_a_failed_health_probe_kills_an_engine_whose_jobs_wait_on_tools() -> Non
     )
     assert all(r.finished_at <= 6.0 for r in failed)  # within one probe, not after the tool
     assert all(r.ok for r in results if r.engine == "e1")
+
+
+# ---- kv_progress ---------------------------------------------------------------------------
+
+PROGRESS = SchedulerConfig(policy=KVProgressPolicy())
+
+
+class Seen:
+    """A SimEngine seen through the `Engine` Protocol only (no progress reports); records when
+    each call reaches the engine and how many are inside it at once."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.calls: dict[str, float] = {}
+        self.inside = 0
+        self.most_inside = 0
+
+    async def generate(self, prompt_ids, params, request_id):
+        self.calls[request_id] = asyncio.get_running_loop().time()
+        self.inside += 1
+        self.most_inside = max(self.most_inside, self.inside)
+        try:
+            return await self.engine.generate(prompt_ids, params, request_id)
+        finally:
+            self.inside -= 1
+
+    def kv_capacity(self):
+        return self.engine.kv_capacity()
+
+    async def update_weights(self, named_tensors):
+        await self.engine.update_weights(named_tensors)
+
+    async def close(self):
+        await self.engine.close()
+
+
+class Reporting(Seen):
+    """`Seen`, reporting the engine's progress (optionally with a cap on running requests)."""
+
+    def __init__(self, engine: SimEngine, max_running: int | None = None) -> None:
+        super().__init__(engine)
+        self.max_running = max_running
+
+    def progress(self) -> EngineProgress:
+        return dataclasses.replace(self.engine.progress(), max_running=self.max_running)
+
+
+def play_all(engines, config, specs, budget, script):
+    """Run every spec as a job (turns ask for the budget left); results and the makespan."""
+
+    async def main():
+        sched: Scheduler[int] = Scheduler(engines, config)
+        jobs = [
+            Job(
+                lambda e, s=s: run_trajectory(e, s, script=script, budget=budget),
+                s.prompt_tokens,
+                budget,
+            )
+            for s in specs
+        ]
+        return await sched.run(jobs), asyncio.get_running_loop().time()
+
+    return run_virtual(main())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kv=st.lists(st.integers(2_000, 20_000), min_size=1, max_size=3),
+    reports=st.booleans(),
+    jobs=st.lists(
+        st.tuples(st.integers(10, 500), st.lists(st.integers(1, 400), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_kv_progress_never_preempts(kv: list[int], reports: bool, jobs) -> None:
+    sims = [SimEngine(f"e{i}", EngineModel(kv_tokens=k), script := {}) for i, k in enumerate(kv)]
+    for sim in sims:
+        sim.script = script  # one script, read by every engine
+    engines = [Reporting(s) if reports else Seen(s) for s in sims]
+    budget = 1_700  # >= 4 turns x 400 tokens + 3 tool outputs of 10
+    specs = [spec(f"j{i}", p, tuple(t)) for i, (p, t) in enumerate(jobs)]
+    results, _ = play_all(engines, PROGRESS, specs, budget, script)
+    plan = [k - int(k * 0.01) - 32 for k in kv]  # less the headroom and the lag allowance
+    assert [r.ok for r in results] == [p + budget <= max(plan) for p, _ in jobs]
+    assert all(s.stats.preemption_events == 0 for s in sims)
+
+
+def test_kv_progress_runs_more_at_once_than_kv_aware_and_finishes_sooner() -> None:
+    # a long-tailed step (simulate's workload: lengths vary per problem and per sample)
+    scenario = Scenario(engines=2, prompts=16, samples_per_prompt=8, engine=EngineModel(60_000))
+    aware = simulate(scenario, KV, seed=0)
+    progress = simulate(scenario, PROGRESS, seed=0)
+    assert aware.failed == progress.failed == 0
+    assert aware.preemption_events == progress.preemption_events == 0
+    assert progress.makespan_s < 0.85 * aware.makespan_s
+
+
+def test_a_turn_waiting_for_room_goes_before_new_jobs() -> None:
+    script: dict[str, int] = {}
+    engine = Reporting(SimEngine("e0", EngineModel(kv_tokens=10_000), script))
+    # A: a short turn, a 1 s tool, another turn; B, C, D: one turn that uses the whole budget
+    a = TrajectorySpec("a", 100, (100, 100), (10,), (1.0,))
+    others = [spec(k, 100, (4_000,)) for k in "bcd"]
+    results, _ = play_all([engine], PROGRESS, [a, *others], 4_000, script)
+    assert all(r.ok for r in results)
+    assert engine.engine.stats.preemption_events == 0
+    calls = engine.calls
+    assert calls["c/0"] < calls["a/1"]  # C took the room A left while its tool ran
+    assert calls["a/1"] > calls["a/0"] + 10  # so A's second turn waited for room ...
+    assert calls["a/1"] < calls["d/0"]  # ... and went before D, which came before it
+
+
+def test_kv_progress_keeps_to_the_engines_running_limit() -> None:
+    script: dict[str, int] = {}
+    engine = Reporting(SimEngine("e0", EngineModel(kv_tokens=100_000), script), max_running=3)
+    specs = [spec(f"j{i}", 100, (50, 60), tool=5) for i in range(12)]
+    results, _ = play_all([engine], PROGRESS, specs, 500, script)
+    assert all(r.ok for r in results)
+    assert engine.most_inside == 3
+
+
+def test_a_turn_larger_than_its_job_declared_fails_with_a_reason() -> None:
+    async def greedy(e: Engine) -> None:
+        out = await e.generate(range(100), SamplingParams(max_tokens=50_000), "g/0")
+        assert out.finish_reason == "error"
+        raise RuntimeError(out.error)
+
+    async def main():
+        sched: Scheduler[None] = Scheduler(
+            [SimEngine("e0", EngineModel(kv_tokens=20_000))], PROGRESS
+        )
+        return await sched.run([Job(greedy, 100, 1_000)])
+
+    (result,) = run_virtual(main())
+    assert not result.ok
+    assert "turn needs 50100 KV tokens" in (
+        result.error or ""
+    ) and "can hold 19768 for one turn" in (result.error or "")
+
+
+def test_status_reports_the_bound_kv_progress_admits_on() -> None:
+    script: dict[str, int] = {}
+    engine = Reporting(SimEngine("e0", EngineModel(kv_tokens=20_000), script))
+    specs = [spec(f"j{i}", 200, (700, 800)) for i in range(20)]
+    seen: list[int] = []
+
+    async def main():
+        sched: Scheduler[int] = Scheduler([engine], PROGRESS)
+
+        async def watch():
+            while True:
+                seen.append(sched.status()[0].reserved_tokens)
+                await asyncio.sleep(0.5)
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        jobs = [
+            Job(lambda e, s=s: run_trajectory(e, s, None, script, 2_000), 200, 2_000) for s in specs
+        ]
+        results = await sched.run(jobs)
+        watcher.cancel()
+        return results, sched.status()[0]
+
+    results, after = run_virtual(main())
+    assert all(r.ok for r in results)
+    assert max(seen) <= 19_800 and max(seen) > 2 * 2_200
+    assert after.reserved_tokens == 0 and after.running == 0

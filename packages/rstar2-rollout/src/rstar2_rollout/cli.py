@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from rstar2_rollout.config import (
     HFEngineConfig,
     KVAwarePolicy,
+    KVProgressPolicy,
     LeastRequestsPolicy,
     RolloutConfig,
     SchedulerConfig,
@@ -77,6 +78,7 @@ def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig,
             max_context_tokens=args.max_model_len,
         )
         policy: Any = {
+            "kv_progress": KVProgressPolicy(kv_tokens_fallback=args.kv_tokens),
             "kv_aware": KVAwarePolicy(kv_tokens_fallback=args.kv_tokens),
             "static": StaticPolicy(),
             "least_requests": LeastRequestsPolicy(),
@@ -149,11 +151,10 @@ async def _serve(args: argparse.Namespace) -> None:
             " worker per engine with --engines 1; the trainer spreads problems across workers"
         )
     rollout, scheduling, limits = _settings(args)
-    if args.engine == "hf" and args.policy == "kv_aware" and args.kv_tokens is None:
+    if args.engine == "hf" and args.policy.startswith("kv_") and args.kv_tokens is None:
         # transformers reports no KV cache: let each engine hold a few full-length trajectories
-        scheduling = SchedulerConfig(
-            policy=KVAwarePolicy(kv_tokens_fallback=4 * args.max_model_len)
-        )
+        policy = scheduling.policy.model_copy(update={"kv_tokens_fallback": 4 * args.max_model_len})
+        scheduling = SchedulerConfig(policy=policy)
     _check_port_free(args.host, args.port)
     try:
         server = bind(f"{args.host}:{args.port}")
@@ -256,7 +257,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=_positive_int, default=128)
     serve.add_argument("--seed", type=int, default=0, help="engine i is seeded seed + i")
     serve.add_argument(
-        "--policy", choices=["kv_aware", "static", "least_requests"], default="kv_aware"
+        "--policy",
+        choices=["kv_progress", "kv_aware", "static", "least_requests"],
+        default="kv_progress",
     )
     serve.add_argument(
         "--kv-tokens", type=_positive_int, help="KV tokens assumed per engine that reports none"

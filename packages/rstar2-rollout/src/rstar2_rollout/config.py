@@ -130,6 +130,33 @@ class KVAwarePolicy(BaseModel):
     )
 
 
+class KVProgressPolicy(BaseModel):
+    """Like kv_aware, but every turn is admitted on the exact worst case of the engine's future KV
+    use given how far each running turn has come (`kvbound.peak_kv_tokens`): still no preemption,
+    more trajectories at once. Engines that report no progress count every turn at its worst case.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["kv_progress"] = "kv_progress"
+    kv_tokens_fallback: int | None = Field(
+        default=None, gt=0, description="KV tokens assumed for an engine that cannot report them."
+    )
+    recheck_interval_s: float = Field(
+        default=0.5, gt=0, description="How often waiting turns and jobs re-read engine progress."
+    )
+    headroom: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        description="Share of each engine's KV cache never planned for (the engine's watermark).",
+    )
+    lag_steps: int = Field(
+        default=32,
+        ge=0,
+        description="Decode steps a turn may fall behind the others (a late start, a skipped step).",
+    )
+
+
 class StaticPolicy(BaseModel):
     """Pre-assign job i to engine i mod E and start everything at once."""
 
@@ -147,14 +174,17 @@ class LeastRequestsPolicy(BaseModel):
     )
 
 
-Policy = Annotated[KVAwarePolicy | StaticPolicy | LeastRequestsPolicy, Field(discriminator="kind")]
+Policy = Annotated[
+    KVAwarePolicy | KVProgressPolicy | StaticPolicy | LeastRequestsPolicy,
+    Field(discriminator="kind"),
+]
 
 
 class SchedulerConfig(BaseModel):
     """How trajectories are placed on engine replicas."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    policy: Policy = Field(default_factory=KVAwarePolicy, description="The placement policy.")
+    policy: Policy = Field(default_factory=KVProgressPolicy, description="The placement policy.")
     max_engine_errors: int = Field(
         default=3, gt=0, description="Consecutive generate errors that mark an engine dead."
     )

@@ -3,14 +3,15 @@
 Every engine (vLLM `AsyncLLM` in-process, transformers `generate`, an OpenAI-compatible HTTP
 endpoint) satisfies `Engine`, so the agent loop and the scheduler never know which one runs.
 Engines work in token ids: the agent loop appends ids and never re-tokenises earlier turns.
-`SleepingEngine` is an optional capability on top (free accelerator memory while a colocated
-trainer updates): a caller checks `isinstance(engine, SleepingEngine) and engine.can_sleep`.
-This module holds no engine.
+Two optional capabilities sit on top: `SleepingEngine` (free accelerator memory while a colocated
+trainer updates; a caller checks `isinstance(engine, SleepingEngine) and engine.can_sleep`) and
+`ProgressEngine` (how far each running request has come, which lets the scheduler's
+`kv_progress` policy bound the engine's future KV use). This module holds no engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -44,6 +45,22 @@ class KVCapacity:
 
     total_tokens: int
     free_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineProgress:
+    """An engine's running requests as of one moment between two decode steps.
+
+    `generated` has every request past its prefill: request id -> tokens generated so far. A
+    request that is queued, or still being prefilled, is absent. Every request in it gains exactly
+    one token per step until it stops (no speculative decoding).
+    """
+
+    generated: Mapping[str, int]
+    max_running: int | None = None  # requests the engine decodes at once; more wait in its queue
+    block_tokens: int = 1  # the KV cache is allocated in blocks of this many tokens
+    preemptions: int | None = None  # requests the engine has preempted so far (None: unknown)
+    step: int = 0  # steps the engine had run when the snapshot was taken: larger is newer
 
 
 @runtime_checkable
@@ -96,4 +113,15 @@ class SleepingEngine(Engine, Protocol):
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Restore memory (`tags`: "weights", "kv_cache"; None: all) and resume when whole."""
+        raise NotImplementedError  # Protocol
+
+
+@runtime_checkable
+class ProgressEngine(Engine, Protocol):
+    """Optional: an `Engine` that reports how far its running requests are (`EngineProgress`)."""
+
+    def progress(self) -> EngineProgress | None:
+        """A consistent snapshot, cheap enough to call on every scheduling decision; None when
+        the engine cannot tell now (a wrapper over an engine without progress). A snapshot may
+        be old: requests then look further from their end than they are, which is safe."""
         raise NotImplementedError  # Protocol

@@ -3,13 +3,20 @@
 A `Job` is an async callable `run(engine) -> result` that declares its prompt length and its
 maximum response length. The scheduler hands it one engine for its whole life (every turn goes to
 the same engine, so the prefix cache keeps its context), collects its result or its failure, and
-never moves or preempts a running job. Three policies, chosen once by `SchedulerConfig.policy`:
+never moves or preempts a running job. Four policies, chosen once by `SchedulerConfig.policy`:
 
 - `kv_aware` (rStar2-Agent, paper §3.2): a job is admitted to an engine only when that engine can
   hold prompt + max response tokens. Headroom is `min(total - reserved, free)`: `reserved` is the
   worst case of every job the scheduler already admitted there (so admission never races the
   engine's own report), and `free` is what the engine reports (so memory used by anyone else is
   respected). Engines are refilled as jobs finish; jobs wait in FIFO order until one fits.
+- `kv_progress`: the same promise (no preemption, ever), kept turn by turn with the exact worst
+  case instead of the sum of worst cases. Every generation call of a job (a turn) is admitted
+  only if `kvbound.peak_kv_tokens` of the engine's running turns, given how far each has come
+  (`ProgressEngine.progress`), plus the new turn at its maximum length fits in the cache. A job
+  holds nothing between turns (while its tool runs, the engine keeps its prefix as evictable
+  cache); its next turn waits on the same engine until it fits, ahead of any new job. Turns not
+  yet started, and every turn on an engine that reports no progress, count at their worst case.
 - `static` (VERL v0.2, what the paper replaced): job i goes to engine i mod E and starts at once.
 - `least_requests` (verl v0.5): a job goes to the engine with the fewest running jobs and stays
   there; optionally capped at `max_running_per_engine`.
@@ -34,9 +41,11 @@ from typing import Any, Generic, Literal, TypeVar
 
 from rstar2_rollout.config import (
     KVAwarePolicy,
+    KVProgressPolicy,
     SchedulerConfig,
 )
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.kvgate import TurnGate, WaitingTurn
 
 T = TypeVar("T")
 
@@ -99,6 +108,7 @@ class _Slot:
     reserved: int = 0
     errors: int = 0
     running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
+    gate: TurnGate | None = None  # kv_progress only: the engine's turns
 
 
 @dataclass(eq=False)
@@ -112,9 +122,10 @@ class _Entry:
 class EngineLease:
     """The engine handle a job gets: forwards to its engine and reports errors to the scheduler."""
 
-    def __init__(self, scheduler: Scheduler[Any], slot: _Slot) -> None:
+    def __init__(self, scheduler: Scheduler[Any], slot: _Slot, job: int) -> None:
         self._scheduler = scheduler
         self._slot = slot
+        self._job = job
         self.name = slot.engine.name
 
     async def generate(
@@ -123,6 +134,13 @@ class EngineLease:
         slot = self._slot
         if not slot.alive:
             raise EngineDeadError(f"engine {self.name} is dead: {slot.dead_reason}")
+        gated = slot.gate is not None
+        if gated:
+            refused = await self._scheduler._enter_turn(
+                slot, self._job, request_id, len(prompt_ids), params.max_tokens
+            )
+            if refused:
+                return Generation([], finish_reason="error", error=refused)
         try:
             out = await slot.engine.generate(prompt_ids, params, request_id)
         except asyncio.CancelledError:
@@ -130,6 +148,9 @@ class EngineLease:
         except Exception as exc:
             self._scheduler._record_error(slot, f"generate raised {exc!r}")
             raise
+        finally:
+            if gated:
+                self._scheduler._leave_turn(slot, request_id)
         if out.finish_reason == "error":
             self._scheduler._record_error(slot, f"generate failed: {out.error or 'no message'}")
         else:
@@ -158,7 +179,11 @@ class Scheduler(Generic[T]):
         if len(set(names)) != len(names):
             raise ValueError(f"engine names must be unique, got {names}")
         self.config = config or SchedulerConfig()
-        self._slots = [_Slot(engine=e, index=i) for i, e in enumerate(engines)]
+        policy = self.config.policy
+        self._slots = [
+            _Slot(e, i, gate=TurnGate(e, policy) if isinstance(policy, KVProgressPolicy) else None)
+            for i, e in enumerate(engines)
+        ]
         self._queue: deque[_Entry] = deque()
         self._submitted = 0
         self._recheck: asyncio.TimerHandle | None = None
@@ -167,16 +192,17 @@ class Scheduler(Generic[T]):
         self._again = False
         self._place: Callable[[_Entry], _Slot | Literal["wait"] | None] = {
             "kv_aware": self._place_kv_aware,
+            "kv_progress": self._place_kv_progress,
             "static": self._place_static,
             "least_requests": self._place_least_requests,
         }[self.config.policy.kind]
-        if isinstance(self.config.policy, KVAwarePolicy):
+        if isinstance(self.config.policy, KVAwarePolicy | KVProgressPolicy):
             for slot in self._slots:
                 cap = self._capacity(slot)
                 if slot.alive and cap is None and self.config.policy.kv_tokens_fallback is None:
                     raise ValueError(
-                        f"engine {slot.engine.name} reports no KV capacity: kv_aware needs"
-                        " policy.kv_tokens_fallback"
+                        f"engine {slot.engine.name} reports no KV capacity:"
+                        f" {self.config.policy.kind} needs policy.kv_tokens_fallback"
                     )
 
     # ---- public API ------------------------------------------------------------------------
@@ -218,16 +244,22 @@ class Scheduler(Generic[T]):
         out = []
         for s in self._slots:
             cap = self._capacity(s) if s.alive else None
+            reserved = s.gate.bound(None, s.gate.progress()) if s.gate and s.alive else s.reserved
             out.append(
-                EngineStatus(s.engine.name, s.alive, len(s.running), s.reserved, cap, s.dead_reason)
+                EngineStatus(s.engine.name, s.alive, len(s.running), reserved, cap, s.dead_reason)
             )
         return out
 
     def fits(self, reserve_tokens: int) -> bool:
         """Whether some live engine could ever hold a job of this size (kv_aware only limits)."""
-        if self.config.policy.kind != "kv_aware":
-            return any(s.alive for s in self._slots)
-        return any(s.alive and reserve_tokens <= self._total(s) for s in self._slots)
+        if self.config.policy.kind == "kv_aware":
+            return any(s.alive and reserve_tokens <= self._total(s) for s in self._slots)
+        if self.config.policy.kind == "kv_progress":
+            return any(
+                s.alive and s.gate and reserve_tokens <= s.gate.largest(self._total(s))
+                for s in self._slots
+            )
+        return any(s.alive for s in self._slots)
 
     def mark_dead(self, name: str, reason: str) -> None:
         """Stop using an engine: its running jobs fail with `reason`, nothing new goes to it."""
@@ -299,6 +331,27 @@ class Scheduler(Generic[T]):
             return None
         return "wait"
 
+    def _place_kv_progress(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
+        """The engine with the most room for the job's first turn at its maximum length; engines
+        whose own turns wait for room take no new job."""
+        job = entry.job
+        candidates = []
+        for slot in list(self._alive()):
+            gate = slot.gate
+            assert gate is not None
+            if gate.waiting or gate.full(gate.progress()):
+                continue
+            room = gate.room(self._total(slot), job.max_response_tokens)
+            if room >= job.prompt_tokens:
+                candidates.append((room, -slot.index, slot))
+        for _, _, slot in sorted(candidates, key=lambda c: c[:2], reverse=True):
+            cap = self._capacity(slot)
+            if cap is None or job.prompt_tokens <= cap.free_tokens:
+                return slot
+        if not self.fits(job.reserve_tokens):
+            return None
+        return "wait"
+
     def _place_static(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
         alive = list(self._alive())
         return alive[entry.index % len(alive)] if alive else None
@@ -326,6 +379,8 @@ class Scheduler(Generic[T]):
             self._dispatching = False
 
     def _dispatch_queue(self) -> None:
+        if self.config.policy.kind == "kv_progress":
+            self._admit_waiting_turns()
         while self._queue:
             entry = self._queue[0]
             if not any(s.alive for s in self._slots):
@@ -349,18 +404,87 @@ class Scheduler(Generic[T]):
             self._start(entry, place)
 
     def _schedule_recheck(self) -> None:
-        if self._recheck is None and isinstance(self.config.policy, KVAwarePolicy):
+        policy = self.config.policy
+        if self._recheck is None and isinstance(policy, KVAwarePolicy | KVProgressPolicy):
             loop = asyncio.get_running_loop()
-            self._recheck = loop.call_later(self.config.policy.recheck_interval_s, self._on_recheck)
+            self._recheck = loop.call_later(policy.recheck_interval_s, self._on_recheck)
 
     def _on_recheck(self) -> None:
         self._recheck = None
+        for slot in self._slots:  # the engines moved on: every bound may have fallen
+            if slot.gate is not None:
+                slot.gate.touch()
         self._dispatch()
+
+    # ---- kv_progress: turn admission -------------------------------------------------------
+
+    async def _enter_turn(
+        self, slot: _Slot, job: int, request_id: str, context: int, max_tokens: int
+    ) -> str:
+        """Return once the turn is admitted on its engine ("") or why it never can be."""
+        gate = slot.gate
+        assert gate is not None
+        if gate.first_turn(job, request_id, context, max_tokens):
+            return ""  # admitted with its job
+        total, cap = self._total(slot), self._capacity(slot)
+        if not slot.alive:  # its capacity probe just failed
+            raise EngineDeadError(f"engine {slot.engine.name} is dead: {slot.dead_reason}")
+        need, largest = context + max_tokens, gate.largest(total)
+        if need > largest:
+            return (
+                f"turn needs {need} KV tokens (context {context} + max_tokens {max_tokens});"
+                f" engine {slot.engine.name} can hold {largest} for one turn"
+            )
+        free = cap.free_tokens if cap is not None else None
+        if not gate.waiting and gate.fits(context, max_tokens, total, free):
+            gate.admit(request_id, context, max_tokens)
+            return ""
+        loop = asyncio.get_running_loop()
+        turn = WaitingTurn(request_id, context, max_tokens, loop.create_future())
+        gate.waiting.append(turn)
+        self._schedule_recheck()
+        try:
+            await turn.admitted
+        except asyncio.CancelledError:
+            if turn in gate.waiting:
+                gate.waiting.remove(turn)
+            else:
+                self._leave_turn(slot, request_id)
+            raise
+        return ""
+
+    def _leave_turn(self, slot: _Slot, request_id: str) -> None:
+        if slot.gate is not None and slot.gate.leave(request_id):
+            self._dispatch()
+
+    def _admit_waiting_turns(self) -> None:
+        """Admit waiting turns, oldest first on each engine, where something changed."""
+        for slot in list(self._alive()):
+            gate = slot.gate
+            if gate is None or not gate.dirty:
+                continue
+            gate.dirty = False
+            total, cap = self._total(slot), self._capacity(slot)
+            free = cap.free_tokens if cap is not None else None
+            while gate.waiting:
+                turn = gate.waiting[0]
+                if turn.admitted.done():  # its job was cancelled
+                    gate.waiting.popleft()
+                    continue
+                if not gate.fits(turn.context, turn.max_tokens, total, free):
+                    break
+                gate.waiting.popleft()
+                gate.admit(turn.request_id, turn.context, turn.max_tokens)
+                turn.admitted.set_result(None)
+        if any(s.gate is not None and s.gate.waiting for s in self._alive()):
+            self._schedule_recheck()
 
     # ---- running ---------------------------------------------------------------------------
 
     def _start(self, entry: _Entry, slot: _Slot) -> None:
         slot.reserved += entry.job.reserve_tokens
+        if slot.gate is not None:
+            slot.gate.hold(entry.index, entry.job.prompt_tokens, entry.job.max_response_tokens)
         task = asyncio.get_running_loop().create_task(self._run(entry, slot))
         slot.running[entry.index] = task
 
@@ -369,7 +493,7 @@ class Scheduler(Generic[T]):
         started = loop.time()
         value, error = None, None
         try:
-            value = await entry.job.run(EngineLease(self, slot))
+            value = await entry.job.run(EngineLease(self, slot, entry.index))
         except asyncio.CancelledError:
             if slot.alive and entry.future.cancelled():
                 error = "withdrawn"
@@ -384,6 +508,8 @@ class Scheduler(Generic[T]):
         finally:
             slot.running.pop(entry.index, None)
             slot.reserved -= entry.job.reserve_tokens
+            if slot.gate is not None:
+                slot.gate.release(entry.index)
         if error is None and not slot.alive:
             error = f"engine {slot.engine.name} died: {slot.dead_reason}"
         if not entry.future.done():

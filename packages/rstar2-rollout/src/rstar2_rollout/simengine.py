@@ -8,8 +8,10 @@ context fits; their uncached tokens are prefilled at `prefill_tokens_per_s`. A f
 context stays in an LRU prefix cache keyed by the request id up to its last "/" (`job-7/turn-2`),
 evicted as space is needed. When the running requests outgrow the cache the engine preempts half
 of them, newest first, and recomputes them later, as SGLang does (rStar2-Agent paper §3.2). The
-simulated model writes exactly `params.max_tokens` filler tokens: the workload draws every turn's
-length in advance.
+simulated model writes filler tokens: as many as its `script` says for the request id (the
+workload draws every turn's length in advance) and then stops, as a model stops at its end token;
+`params.max_tokens` when the script has no entry. So callers can ask for the whole remaining
+budget, as the agent loop does, without the engine or a scheduler learning how long a turn is.
 
 `EngineModel.qwen3_14b_mi300x(tp)` derives an engine's numbers (KV tokens, step costs, prefill
 speed) from the paper's hardware for tensor-parallel degree 1 or more.
@@ -29,7 +31,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rstar2_rollout.engine import Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
 
 R = TypeVar("R")
 
@@ -129,9 +131,10 @@ class EngineModel:
 
 @dataclass(eq=False)
 class _Request:
+    request_id: str
     session: str
     context: int
-    remaining: int
+    remaining: int  # steps until the request stops: its scripted length, at most max_tokens
     generated: int
     future: asyncio.Future[int]
     preempted: bool = False
@@ -145,14 +148,18 @@ class EngineStats:
     prefill_tokens: int = 0
     recomputed_tokens: int = 0
     decoded_tokens: int = 0
+    steps: int = 0
 
 
 class SimEngine:
     """A simulated continuous-batching engine (see the module docstring); an `Engine`."""
 
-    def __init__(self, name: str, model: EngineModel | None = None) -> None:
+    def __init__(
+        self, name: str, model: EngineModel | None = None, script: dict[str, int] | None = None
+    ) -> None:
         self.name = name
         self.model = model or EngineModel()
+        self.script = script if script is not None else {}  # request id -> tokens to write
         self.stats = EngineStats()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -167,6 +174,13 @@ class SimEngine:
             raise RuntimeError(f"engine {self.name} is down: {self._failure}")
         return KVCapacity(self.model.kv_tokens, self.model.kv_tokens - self._used)
 
+    def progress(self) -> EngineProgress:
+        """The running requests' generated tokens as of the last decode chunk (`ProgressEngine`)."""
+        generated = {r.request_id: r.generated for r in self._running}
+        return EngineProgress(
+            generated, preemptions=self.stats.preempted_requests, step=self.stats.steps
+        )
+
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> Generation:
@@ -178,9 +192,10 @@ class SimEngine:
             )
         loop = asyncio.get_running_loop()
         req = _Request(
+            request_id,
             request_id.rpartition("/")[0] or request_id,
             len(prompt_ids),
-            params.max_tokens,
+            min(params.max_tokens, self.script.pop(request_id, params.max_tokens)),
             0,
             loop.create_future(),
         )
@@ -195,7 +210,8 @@ class SimEngine:
         except RuntimeError as exc:
             return Generation([], finish_reason="error", error=str(exc))
         ids = [self.model.filler_token_id] * n
-        return Generation(ids, [0.0] * n if params.logprobs else [], finish_reason="length")
+        reason = "length" if n >= params.max_tokens else "stop"
+        return Generation(ids, [0.0] * n if params.logprobs else [], finish_reason=reason)
 
     def fail(self, reason: str) -> None:
         """Simulate a crash: every pending and later call fails with `reason`."""
@@ -238,6 +254,7 @@ class SimEngine:
             await asyncio.sleep(dt)
             stats.busy_s += dt
             stats.decoded_tokens += b * k
+            stats.steps += k
             self._used += b * k
             still = []
             for r in self._running:

@@ -183,16 +183,29 @@ class TurnBarrier:
 
 
 async def run_trajectory(
-    engine: Engine, spec: TrajectorySpec, barrier: TurnBarrier | None = None
+    engine: Engine,
+    spec: TrajectorySpec,
+    barrier: TurnBarrier | None = None,
+    script: dict[str, int] | None = None,
+    budget: int | None = None,
 ) -> int:
-    """Play one drawn trajectory on an engine: generate, wait for the tool, repeat; total tokens."""
+    """Play one drawn trajectory on an engine: generate, wait for the tool, repeat; total tokens.
+
+    With a `script` (the one the `SimEngine`s read) and a `budget`, each turn asks for the whole
+    budget left, as the agent loop does, and the script makes the simulated model stop at the drawn
+    length; without them each turn asks for exactly its drawn length."""
     context = spec.prompt_tokens
     if barrier is not None:
         barrier.join(engine.name)
     try:
         for turn, want in enumerate(spec.turn_tokens):
-            params = SamplingParams(max_tokens=want, logprobs=False)
-            out = await engine.generate(range(context), params, f"{spec.key}/{turn}")
+            request_id = f"{spec.key}/{turn}"
+            limit = want
+            if script is not None and budget is not None:
+                script[request_id] = want
+                limit = budget - (context - spec.prompt_tokens)
+            params = SamplingParams(max_tokens=limit, logprobs=False)
+            out = await engine.generate(range(context), params, request_id)
             if out.finish_reason == "error":
                 raise RuntimeError(f"generate failed: {out.error}")
             context += len(out.token_ids)
@@ -240,14 +253,15 @@ def simulate(
     VERL v0.2's per-turn synchronisation (`TurnBarrier`) on top of the placement policy and
     `order` the submission order (see the module docstring)."""
     specs = order_workload(draw_workload(scenario, seed), order)
-    engines = [SimEngine(f"engine-{i}", scenario.engine) for i in range(scenario.engines)]
+    script: dict[str, int] = {}  # what the simulated model writes per request, drawn in advance
+    engines = [SimEngine(f"engine-{i}", scenario.engine, script) for i in range(scenario.engines)]
 
     async def main() -> tuple[float, int, float]:
         scheduler: Scheduler[int] = Scheduler(engines, config)
         barrier = TurnBarrier() if turn_barrier else None
         jobs = [
             Job(
-                lambda e, s=s: run_trajectory(e, s, barrier),
+                lambda e, s=s: run_trajectory(e, s, barrier, script, scenario.max_response_tokens),
                 s.prompt_tokens,
                 scenario.max_response_tokens,
             )

@@ -10,6 +10,10 @@ and reload weights from live tensors without serialising them.
 - Requests are token ids in, token ids out (the stop token included, detokenisation off).
 - `kv_capacity()` reads the block pool: free blocks (cached, evictable ones included) x block
   size. The scheduler uses it to admit only what fits, so vLLM never preempts.
+- `progress()` (the optional `ProgressEngine` capability): after every step the engine thread
+  publishes, for each running request past its prefill, how many tokens it has generated, with
+  `max_num_seqs`, the block size and how many requests vLLM has preempted so far (counted by
+  wrapping the scheduler's `_preempt_request`; None where vLLM no longer has it).
 - `update_weights` is ordered with requests: those submitted before it finish on the old weights,
   those after run on the new ones. It drains the running batch, calls the model runner's
   `reload_weights` (vLLM's path that re-runs post-load processing such as CPU weight repacking),
@@ -52,7 +56,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rstar2_rollout.config import VLLMEngineConfig
-from rstar2_rollout.engine import Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
 
 _EXTRA_HINT = (
     'the vLLM engine needs the vllm extra: pip install "rstar2-rollout[vllm]" '
@@ -131,9 +135,14 @@ class VLLMEngine:
                 multiprocess_mode=False,
             )
         core: Any = self._engine.engine_core  # an InprocClient: the EngineCore is in this process
-        self._block_pool = core.engine_core.scheduler.kv_cache_manager.block_pool
+        self._scheduler = core.engine_core.scheduler
+        self._block_pool = self._scheduler.kv_cache_manager.block_pool
         self._executor = core.engine_core.model_executor
         self._block_size: int = vllm_config.cache_config.block_size
+        self._max_running: int = vllm_config.scheduler_config.max_num_seqs
+        self._preemptions: int | None = self._count_preemptions()
+        self._steps = 0
+        self._progress = EngineProgress({}, self._max_running, self._block_size, self._preemptions)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._pending: dict[str, _Pending] = {}  # by the caller's request id
         self._internal: dict[str, str] = {}  # vLLM's request id -> the caller's
@@ -156,6 +165,10 @@ class VLLMEngine:
             total_tokens=total_blocks * self._block_size,
             free_tokens=free_blocks * self._block_size,
         )
+
+    def progress(self) -> EngineProgress:
+        """The running requests as of the last step (published by the engine thread)."""
+        return self._progress
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
@@ -312,8 +325,34 @@ class VLLMEngine:
             else:
                 loop.call_soon_threadsafe(_settle, future, result)
 
+    def _count_preemptions(self) -> int | None:
+        """Count vLLM's preemptions by wrapping its scheduler's `_preempt_request` (private)."""
+        preempt = getattr(self._scheduler, "_preempt_request", None)
+        if preempt is None:
+            return None
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._preemptions = (self._preemptions or 0) + 1
+            return preempt(*args, **kwargs)
+
+        self._scheduler._preempt_request = counted
+        return 0
+
+    def _publish_progress(self) -> None:
+        generated = {}
+        for request in self._scheduler.running:
+            caller = self._internal.get(request.request_id)
+            if caller is not None and request.num_computed_tokens >= request.num_prompt_tokens:
+                generated[caller] = request.num_output_tokens
+        self._progress = EngineProgress(
+            generated, self._max_running, self._block_size, self._preemptions, self._steps
+        )
+
     def _step(self) -> None:
-        for output in self._engine.step():
+        outputs = self._engine.step()
+        self._steps += 1
+        self._publish_progress()
+        for output in outputs:
             if not output.finished:
                 continue
             request_id = self._internal.pop(output.request_id, output.request_id)
