@@ -135,7 +135,8 @@ def test_engines_spread_by_free_kv_and_sync_weights(tmp_path):
     import ray
 
     before = _descendants()
-    config = load_config("tiny", SMALL)
+    # kv_aware reserves each job's declared budget, so one 1.2K-token job fills an engine
+    config = load_config("tiny", [*SMALL, "scheduler.policy.kind=kv_aware"])
 
     async def scenario() -> dict:
         out: dict = {}
@@ -157,6 +158,9 @@ def test_engines_spread_by_free_kv_and_sync_weights(tmp_path):
             assert parts.scheduler is not None
             results = await parts.scheduler.run([job(i) for i in range(6)])
             assert all(r.ok for r in results), [r.error for r in results]
+            # every answer brought the engine's progress report back: vLLM never preempted
+            reports = [e.progress() for e in parts.engines]  # type: ignore[attr-defined]
+            assert all(p is not None and p.preemptions == 0 for p in reports), reports
             out["engines"] = [r.engine for r in results]
             out["spans"] = [(r.engine, r.started_at, r.finished_at) for r in results]
             first = results[0].value

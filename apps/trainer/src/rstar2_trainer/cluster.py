@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
 from rstar2_trainer.build import Parts, load_policy, max_model_len, prepare_model_dir
 from rstar2_trainer.collect import EngineMeter
 from rstar2_trainer.config import ClusterConfig, TrainerConfig
@@ -126,6 +126,7 @@ class RayEngine:
         self.last_load_s = 0.0
         self.can_sleep = False  # set by start_engines from the actor
         self.sleeping = False
+        self._progress: EngineProgress | None = None  # the last report an answer brought
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
@@ -134,17 +135,23 @@ class RayEngine:
 
         ref = self.actor.generate.remote(list(prompt_ids), params, request_id)
         try:
-            out, self._capacity = await ref
+            out, self._capacity, progress = await ref
         except asyncio.CancelledError:
             _ray().cancel(ref)
             raise
         except RayError as exc:
             reason = f"engine actor {self.name} failed: {type(exc).__name__}: {exc}"
             return Generation([], finish_reason="error", error=reason.splitlines()[0])
+        if self._progress is None or progress.step >= self._progress.step:
+            self._progress = progress  # answers may arrive out of order: keep the newest
         return out
 
     def kv_capacity(self) -> KVCapacity | None:
         return self._capacity
+
+    def progress(self) -> EngineProgress | None:
+        """The progress report of the engine's last answer: old, and so safe (`ProgressEngine`)."""
+        return self._progress
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         await self.load_weights_ref(self._publisher.publish(named_tensors))

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rstar2_curriculum import Problem
-from rstar2_rollout import Engine, Generation, KVCapacity, RolloutConfig, SamplingParams
+from rstar2_rollout import (
+    Engine,
+    EngineProgress,
+    Generation,
+    KVCapacity,
+    ProgressEngine,
+    RolloutConfig,
+    SamplingParams,
+)
 from rstar2_rollout.loop import derive_seed, run_agent
 from rstar2_rollout.scheduler import Job
 from rstar2_rollout.trajectory import Trajectory
@@ -63,6 +71,10 @@ class EngineMeter:
 
     def kv_capacity(self) -> KVCapacity | None:
         return self.inner.kv_capacity()
+
+    def progress(self) -> EngineProgress | None:
+        """The inner engine's progress report, if it gives one (`ProgressEngine`)."""
+        return self.inner.progress() if isinstance(self.inner, ProgressEngine) else None
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         await self.inner.update_weights(named_tensors)

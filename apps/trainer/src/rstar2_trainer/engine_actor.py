@@ -2,8 +2,9 @@
 
 `EngineActor` hosts the rollout package's `VLLMEngine` in an async Ray actor. It answers one
 generation turn at a time (any number concurrently: they share vLLM's running batch), reports
-its KV-cache capacity with every answer so the driver's scheduler sees fresh numbers without a
-blocking call, and loads new weights from the object store, reporting the seconds it took. Sleep
+its KV-cache capacity and the progress of its running requests with every answer so the driver's
+scheduler sees fresh numbers without a blocking call (an old progress report is safe to admit on:
+requests look further from their end than they are), and loads new weights from the object store, reporting the seconds it took. Sleep
 and wake (free the GPU for a colocated update) call the engine's `sleep(level)` / `wake_up(tags)`;
 the engine must be built with `enable_sleep_mode` (vLLM offers it on CUDA and ROCm only).
 
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rstar2_rollout.config import VLLMEngineConfig
-from rstar2_rollout.engine import Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
 from rstar2_trainer.servers import ChildServer, console_script
 
 
@@ -51,10 +52,14 @@ class EngineActor:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
-    ) -> tuple[Generation, KVCapacity | None]:
-        """One turn, and the capacity right after it (the driver caches it for the scheduler)."""
+    ) -> tuple[Generation, KVCapacity | None, EngineProgress]:
+        """One turn, and the capacity and progress right after it (the driver caches them for
+        the scheduler)."""
         out = await self._engine.generate(prompt_ids, params, request_id)
-        return out, self._engine.kv_capacity()
+        return out, self._engine.kv_capacity(), self._engine.progress()
+
+    def progress(self) -> EngineProgress:
+        return self._engine.progress()
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
         """Load the weights (already fetched from the object store by Ray); return seconds."""
