@@ -117,33 +117,31 @@ class RolloutConfig(_Frozen):
 # ---------------------------------------------------------------- scheduling
 
 
-class KVAwarePolicy(BaseModel):
-    """Admit a job only where its prompt + max response fits in the free KV cache."""
+class _KVAdmission(BaseModel):
+    """What both KV-aware policies need: capacity for engines that report none, a recheck."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["kv_aware"] = "kv_aware"
     kv_tokens_fallback: int | None = Field(
         default=None, gt=0, description="KV tokens assumed for an engine that cannot report them."
     )
     recheck_interval_s: float = Field(
-        default=0.5, gt=0, description="How often queued jobs re-read engine capacity."
+        default=0.5, gt=0, description="How often waiting jobs (and turns) re-read the engines."
     )
 
 
-class KVProgressPolicy(BaseModel):
+class KVAwarePolicy(_KVAdmission):
+    """Admit a job only where its prompt + max response fits in the free KV cache."""
+
+    kind: Literal["kv_aware"] = "kv_aware"
+
+
+class KVProgressPolicy(_KVAdmission):
     """Like kv_aware, but every turn is admitted on the exact worst case of the engine's future KV
     use given how far each running turn has come (`kvbound.peak_kv_tokens`): still no preemption,
     more trajectories at once. Engines that report no progress count every turn at its worst case.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["kv_progress"] = "kv_progress"
-    kv_tokens_fallback: int | None = Field(
-        default=None, gt=0, description="KV tokens assumed for an engine that cannot report them."
-    )
-    recheck_interval_s: float = Field(
-        default=0.5, gt=0, description="How often waiting turns and jobs re-read engine progress."
-    )
     headroom: float = Field(
         default=0.01,
         ge=0,

@@ -10,13 +10,14 @@ never moves or preempts a running job. Four policies, chosen once by `SchedulerC
   worst case of every job the scheduler already admitted there (so admission never races the
   engine's own report), and `free` is what the engine reports (so memory used by anyone else is
   respected). Engines are refilled as jobs finish; jobs wait in FIFO order until one fits.
-- `kv_progress`: the same promise (no preemption, ever), kept turn by turn with the exact worst
-  case instead of the sum of worst cases. Every generation call of a job (a turn) is admitted
-  only if `kvbound.peak_kv_tokens` of the engine's running turns, given how far each has come
+- `kv_progress` (the default): the same promise (no preemption, ever), kept turn by turn with
+  the exact worst case instead of the sum of worst cases. Every generation call of a job (a turn)
+  is admitted only if `kvbound.peak_kv_tokens` of the engine's turns, given how far each has come
   (`ProgressEngine.progress`), plus the new turn at its maximum length fits in the cache. A job
   holds nothing between turns (while its tool runs, the engine keeps its prefix as evictable
-  cache); its next turn waits on the same engine until it fits, ahead of any new job. Turns not
-  yet started, and every turn on an engine that reports no progress, count at their worst case.
+  cache); its next turn waits on the same engine until it fits, ahead of any new job. The books
+  of one engine are a `kvgate.TurnGate`; on an engine that reports no progress every turn counts
+  at its worst case.
 - `static` (VERL v0.2, what the paper replaced): job i goes to engine i mod E and starts at once.
 - `least_requests` (verl v0.5): a job goes to the engine with the fewest running jobs and stays
   there; optionally capped at `max_running_per_engine`.
