@@ -117,7 +117,12 @@ class RayEngine:
     """The rollout `Engine` Protocol over one `EngineActor`."""
 
     def __init__(
-        self, actor: Any, name: str, capacity: KVCapacity | None, publisher: WeightPublisher
+        self,
+        actor: Any,
+        name: str,
+        capacity: KVCapacity | None,
+        publisher: WeightPublisher,
+        progress: EngineProgress | None = None,
     ) -> None:
         self.actor = actor
         self.name = name
@@ -126,7 +131,7 @@ class RayEngine:
         self.last_load_s = 0.0
         self.can_sleep = False  # set by start_engines from the actor
         self.sleeping = False
-        self._progress: EngineProgress | None = None  # the last report an answer brought
+        self._progress = progress  # the newest report an answer (or the start) brought
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
@@ -348,6 +353,7 @@ async def start_engines(
             asyncio.gather(*(a.kv_capacity.remote() for a in actors)), cluster.start_timeout_s
         )
         can_sleep = await asyncio.gather(*(a.can_sleep.remote() for a in actors))
+        reports = await asyncio.gather(*(a.progress.remote() for a in actors))
         if cluster.colocate and not all(can_sleep):
             raise ClusterError("colocate: the engines cannot sleep on this platform")
     except BaseException:
@@ -355,8 +361,8 @@ async def start_engines(
             ray.kill(actor)
         raise
     engines = [
-        RayEngine(a, name, cap, publisher)
-        for a, name, cap in zip(actors, names, capacities, strict=True)
+        RayEngine(a, name, cap, publisher, report)
+        for a, name, cap, report in zip(actors, names, capacities, reports, strict=True)
     ]
     for engine, sleeps in zip(engines, can_sleep, strict=True):
         engine.can_sleep = sleeps

@@ -60,12 +60,16 @@ class TurnGate:
         self._held: dict[int, tuple[int, int]] = {}  # job index -> prompt, max response tokens
         self.waiting: deque[WaitingTurn] = deque()
         self._room: tuple[int, int] | None = None  # (max response tokens, room): a lower bound
-        self.dirty = False  # a turn ended since the waiting turns were last looked at
+        self.dirty = False  # something ended (or time passed) since waiting turns were looked at
+        self._block = 1  # the engine's KV block size, from its last report
 
     # ---- what fits -------------------------------------------------------------------------
 
     def progress(self) -> EngineProgress | None:
-        return self._engine.progress() if self._engine is not None else None
+        progress = self._engine.progress() if self._engine is not None else None
+        if progress is not None:
+            self._block = progress.block_tokens
+        return progress
 
     def plan(self, total: int) -> int:
         """KV tokens to plan with on an engine of `total`: less the headroom share."""
@@ -74,16 +78,15 @@ class TurnGate:
     def largest(self, total: int) -> int:
         """The largest context + max_tokens one turn can have: the plan, less the lag
         allowance and a partly filled block."""
-        progress = self.progress()
-        block = progress.block_tokens if progress is not None else 1
-        return self.plan(total) - self.policy.lag_steps - (block - 1)
+        self.progress()
+        return self.plan(total) - self.policy.lag_steps - (self._block - 1)
 
     def bound(
         self, new: tuple[int, int] | None = None, progress: EngineProgress | None = None
     ) -> int:
         """`peak_kv_tokens` of the books (and of `new`, about to be admitted), as of `progress`."""
         lag = self.policy.lag_steps
-        block = progress.block_tokens if progress is not None else 1
+        block = progress.block_tokens if progress is not None else self._block
         top = lag + block - 1  # what a turn may grow past context + max_tokens
         running, pending, held = [], [*self._held.values()], 0
         if new is not None:
@@ -146,6 +149,10 @@ class TurnGate:
             return True
         self.touch()
         return False
+
+    def has(self, request_id: str) -> bool:
+        """A turn with this request id is in the books or waiting."""
+        return request_id in self._turns or any(t.request_id == request_id for t in self.waiting)
 
     def admit(self, request_id: str, context: int, max_tokens: int) -> None:
         self._turns[request_id] = _InEngine(context, max_tokens)

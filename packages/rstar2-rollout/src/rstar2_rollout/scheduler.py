@@ -252,7 +252,7 @@ class Scheduler(Generic[T]):
         return out
 
     def fits(self, reserve_tokens: int) -> bool:
-        """Whether some live engine could ever hold a job of this size (kv_aware only limits)."""
+        """Whether some live engine could ever hold a job of this size (the KV policies limit)."""
         if self.config.policy.kind == "kv_aware":
             return any(s.alive and reserve_tokens <= self._total(s) for s in self._slots)
         if self.config.policy.kind == "kv_progress":
@@ -347,7 +347,7 @@ class Scheduler(Generic[T]):
                 candidates.append((room, -slot.index, slot))
         for _, _, slot in sorted(candidates, key=lambda c: c[:2], reverse=True):
             cap = self._capacity(slot)
-            if cap is None or job.prompt_tokens <= cap.free_tokens:
+            if slot.alive and (cap is None or job.prompt_tokens <= cap.free_tokens):
                 return slot
         if not self.fits(job.reserve_tokens):
             return None
@@ -384,6 +384,9 @@ class Scheduler(Generic[T]):
             self._admit_waiting_turns()
         while self._queue:
             entry = self._queue[0]
+            if entry.future.done():  # withdrawn; its _on_done has not run yet
+                self._queue.popleft()
+                continue
             if not any(s.alive for s in self._slots):
                 reasons = "; ".join(f"{s.engine.name}: {s.dead_reason}" for s in self._slots)
                 self._fail(self._queue.popleft(), f"no healthy engine ({reasons})")
@@ -396,10 +399,11 @@ class Scheduler(Generic[T]):
                 continue  # a probe found the last engine dead: fail with every reason above
             self._queue.popleft()
             if place is None:
+                where = "for one turn" if self.config.policy.kind == "kv_progress" else "in total"
                 self._fail(
                     entry,
-                    f"job needs {entry.job.reserve_tokens} KV tokens; no live engine has"
-                    " that many in total",
+                    f"job needs {entry.job.reserve_tokens} KV tokens; no live engine can hold"
+                    f" that many {where}",
                 )
                 continue
             self._start(entry, place)
@@ -425,6 +429,8 @@ class Scheduler(Generic[T]):
         """Return once the turn is admitted on its engine ("") or why it never can be."""
         gate = slot.gate
         assert gate is not None
+        if gate.has(request_id):  # its books are by request id: a second one would hide the first
+            return f"request id {request_id!r} is already running on engine {slot.engine.name}"
         if gate.first_turn(job, request_id, context, max_tokens):
             return ""  # admitted with its job
         total, cap = self._total(slot), self._capacity(slot)
@@ -449,6 +455,8 @@ class Scheduler(Generic[T]):
         except asyncio.CancelledError:
             if turn in gate.waiting:
                 gate.waiting.remove(turn)
+                gate.touch()  # the turns behind it may fit now
+                self._dispatch()
             else:
                 self._leave_turn(slot, request_id)
             raise
@@ -488,6 +496,26 @@ class Scheduler(Generic[T]):
             slot.gate.hold(entry.index, entry.job.prompt_tokens, entry.job.max_response_tokens)
         task = asyncio.get_running_loop().create_task(self._run(entry, slot))
         slot.running[entry.index] = task
+        task.add_done_callback(lambda _, e=entry, s=slot: self._never_ran(e, s))
+
+    def _release(self, entry: _Entry, slot: _Slot) -> bool:
+        """Give back what the job held on its engine; False if that was done already."""
+        if slot.running.pop(entry.index, None) is None:
+            return False
+        slot.reserved -= entry.job.reserve_tokens
+        if slot.gate is not None:
+            slot.gate.release(entry.index)
+        return True
+
+    def _never_ran(self, entry: _Entry, slot: _Slot) -> None:
+        """A task cancelled before its first step skips `_run` entirely: release for it."""
+        if self._release(entry, slot):
+            if not slot.alive:
+                reason = f"engine {slot.engine.name} died: {slot.dead_reason}"
+            else:
+                reason = "withdrawn" if entry.future.cancelled() else "scheduler closed"
+            self._fail(entry, reason)
+            self._dispatch()
 
     async def _run(self, entry: _Entry, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
@@ -507,10 +535,7 @@ class Scheduler(Generic[T]):
         except Exception as exc:
             error = f"job raised {exc!r}"
         finally:
-            slot.running.pop(entry.index, None)
-            slot.reserved -= entry.job.reserve_tokens
-            if slot.gate is not None:
-                slot.gate.release(entry.index)
+            self._release(entry, slot)
         if error is None and not slot.alive:
             error = f"engine {slot.engine.name} died: {slot.dead_reason}"
         if not entry.future.done():

@@ -149,6 +149,7 @@ class EngineStats:
     recomputed_tokens: int = 0
     decoded_tokens: int = 0
     steps: int = 0
+    peak_kv_tokens: int = 0  # the most KV the running requests ever held at once
 
 
 class SimEngine:
@@ -256,6 +257,7 @@ class SimEngine:
             stats.decoded_tokens += b * k
             stats.steps += k
             self._used += b * k
+            stats.peak_kv_tokens = max(stats.peak_kv_tokens, self._used)
             still = []
             for r in self._running:
                 r.remaining -= k
