@@ -4,9 +4,10 @@
 generation turn at a time (any number concurrently: they share vLLM's running batch), reports
 its KV-cache capacity and the progress of its running requests with every answer so the driver's
 scheduler sees fresh numbers without a blocking call (an old progress report is safe to admit on:
-requests look further from their end than they are), and loads new weights from the object store, reporting the seconds it took. Sleep
-and wake (free the GPU for a colocated update) call the engine's `sleep(level)` / `wake_up(tags)`;
-the engine must be built with `enable_sleep_mode` (vLLM offers it on CUDA and ROCm only).
+requests look further from their end than they are), and loads new weights from the object
+store, reporting the seconds it took. Sleep and wake (free the GPU for a colocated update) call
+the engine's `sleep(level)` / `wake_up(tags)`; the engine must be built with `enable_sleep_mode`
+(vLLM offers it on CUDA and ROCm only).
 
 `NodeServers` starts `rstar2-sandbox serve` and `rstar2-verify serve` as child processes of the
 actor on its node's IP address with free ports (the paper ran its code environment on the

@@ -62,13 +62,14 @@ class TurnGate:
         self._room: tuple[int, int] | None = None  # (max response tokens, room): a lower bound
         self.dirty = False  # something ended (or time passed) since waiting turns were looked at
         self._block = 1  # the engine's KV block size, from its last report
+        self._max_running: int | None = None  # its max_num_seqs, from its last report
 
     # ---- what fits -------------------------------------------------------------------------
 
     def progress(self) -> EngineProgress | None:
         progress = self._engine.progress() if self._engine is not None else None
         if progress is not None:
-            self._block = progress.block_tokens
+            self._block, self._max_running = progress.block_tokens, progress.max_running
         return progress
 
     def plan(self, total: int) -> int:
@@ -109,23 +110,29 @@ class TurnGate:
             # else: reported before, gone, and nothing was preempted since: it has finished
         return peak_kv_tokens(running, pending, held, lag, block)
 
-    def room(self, total: int, max_response_tokens: int) -> int:
-        """The largest prompt a new job could bring now. Cached: time only adds room (every
-        running turn gets closer to its end), so a cached value stays safe until an admission."""
+    def cached_room(self, max_response_tokens: int) -> int | None:
+        """`room` as last computed, or None. Time only adds room (every running turn gets closer
+        to its end), so a cached value stays a safe lower bound until something is admitted."""
         if self._room is None or self._room[0] != max_response_tokens:
-            bound = self.bound((0, max_response_tokens), self.progress())
-            self._room = (max_response_tokens, self.plan(total) - bound)
+            return None
         return self._room[1]
 
-    def full(self, progress: EngineProgress | None) -> bool:
-        """The engine decodes as many requests as it can at once (vLLM's max_num_seqs)."""
-        most = progress.max_running if progress is not None else None
+    def room(self, total: int, max_response_tokens: int) -> int:
+        """The largest prompt a new job could bring now (computed afresh, then cached)."""
+        bound = self.bound((0, max_response_tokens), self.progress())
+        self._room = (max_response_tokens, self.plan(total) - bound)
+        return self._room[1]
+
+    def full(self) -> bool:
+        """The engine decodes as many requests as it can at once (vLLM's max_num_seqs, as of its
+        last report)."""
+        most = self._max_running
         return most is not None and len(self._turns) + len(self._held) >= most
 
     def fits(self, context: int, max_tokens: int, total: int, free: int | None) -> bool:
         """Whether a turn can be admitted now; `free`: the engine's free KV tokens, if known."""
         progress = self.progress()
-        if self.full(progress):
+        if self.full():
             return False
         if self.bound((context, max_tokens), progress) > self.plan(total):
             return False

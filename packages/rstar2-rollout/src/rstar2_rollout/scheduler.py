@@ -306,10 +306,15 @@ class Scheduler(Generic[T]):
             return None
 
     def _total(self, slot: _Slot) -> int:
+        return self._total_and_free(slot)[0]
+
+    def _total_and_free(self, slot: _Slot) -> tuple[int, int | None]:
+        """One capacity probe: total KV tokens (the fallback where the engine reports none) and
+        free ones (None where unknown)."""
         cap = self._capacity(slot)
         if cap is not None:
-            return cap.total_tokens
-        return getattr(self.config.policy, "kv_tokens_fallback", None) or 0
+            return cap.total_tokens, cap.free_tokens
+        return getattr(self.config.policy, "kv_tokens_fallback", None) or 0, None
 
     def _headroom(self, slot: _Slot) -> int:
         cap = self._capacity(slot)
@@ -340,9 +345,11 @@ class Scheduler(Generic[T]):
         for slot in list(self._alive()):
             gate = slot.gate
             assert gate is not None
-            if gate.waiting or gate.full(gate.progress()):
+            if gate.waiting or gate.full():
                 continue
-            room = gate.room(self._total(slot), job.max_response_tokens)
+            room = gate.cached_room(job.max_response_tokens)
+            if room is None:  # something changed here: read the engine again
+                room = gate.room(self._total(slot), job.max_response_tokens)
             if room >= job.prompt_tokens:
                 candidates.append((room, -slot.index, slot))
         for _, _, slot in sorted(candidates, key=lambda c: c[:2], reverse=True):
@@ -433,7 +440,7 @@ class Scheduler(Generic[T]):
             return f"request id {request_id!r} is already running on engine {slot.engine.name}"
         if gate.first_turn(job, request_id, context, max_tokens):
             return ""  # admitted with its job
-        total, cap = self._total(slot), self._capacity(slot)
+        total, free = self._total_and_free(slot)
         if not slot.alive:  # its capacity probe just failed
             raise EngineDeadError(f"engine {slot.engine.name} is dead: {slot.dead_reason}")
         need, largest = context + max_tokens, gate.largest(total)
@@ -442,7 +449,6 @@ class Scheduler(Generic[T]):
                 f"turn needs {need} KV tokens (context {context} + max_tokens {max_tokens});"
                 f" engine {slot.engine.name} can hold {largest} for one turn"
             )
-        free = cap.free_tokens if cap is not None else None
         if not gate.waiting and gate.fits(context, max_tokens, total, free):
             gate.admit(request_id, context, max_tokens)
             return ""
@@ -473,8 +479,7 @@ class Scheduler(Generic[T]):
             if gate is None or not gate.dirty:
                 continue
             gate.dirty = False
-            total, cap = self._total(slot), self._capacity(slot)
-            free = cap.free_tokens if cap is not None else None
+            total, free = self._total_and_free(slot)
             while gate.waiting:
                 turn = gate.waiting[0]
                 if turn.admitted.done():  # its job was cancelled
