@@ -118,6 +118,12 @@ def init_distributed(config: DistributedConfig) -> World:
 
 
 def close_distributed() -> None:
+    """Leave the world (no barrier: ranks may close one at a time, as `TrainGroup.close` does).
+
+    With gloo, a process group that a sharded model still references keeps its worker threads
+    after this; a process that ran FSDP2 on gloo should end with `os._exit` rather than Python's
+    finalisation, during which such a thread can abort the process (see tests/_fsdp_worker.py).
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
 
