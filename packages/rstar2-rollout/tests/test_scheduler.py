@@ -118,6 +118,32 @@ def test_all_turns_of_a_job_stay_on_one_engine(policy) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("split", "want"),
+    [
+        ("chunks", ["e0"] * 4 + ["e1"] * 3 + ["e2"] * 3),  # verl: contiguous slices
+        ("round_robin", ["e0", "e1", "e2"] * 3 + ["e0"]),
+    ],
+)
+def test_static_split_of_a_batch(split: str, want: list[str]) -> None:
+    engines = [SimEngine(f"e{i}", EngineModel(kv_tokens=50_000)) for i in range(3)]
+    specs = [spec(f"j{i}", 100, (50,)) for i in range(10)]
+    config = SchedulerConfig(policy=StaticPolicy.model_validate({"split": split}))
+
+    async def main() -> tuple[list[str | None], list[str | None]]:
+        sched: Scheduler[int] = Scheduler(engines, config)
+        batch = await sched.run(
+            [Job(lambda e, s=s: run_trajectory(e, s), s.prompt_tokens, 500) for s in specs]
+        )
+        # a lone submit has no batch to slice: it goes round robin by submission index
+        alone = [await sched.submit(Job(lambda e: run_trajectory(e, specs[0]), 100, 500))]
+        return [r.engine for r in batch], [r.engine for r in alone]
+
+    batch, alone = run_virtual(main())
+    assert batch == want
+    assert alone == ["e1"]  # the 11th job submitted
+
+
 def test_kv_aware_never_preempts_where_static_does() -> None:
     model = EngineModel(kv_tokens=20_000)
     specs = [spec(f"j{i}", 300, (900, 900, 900), tool=50) for i in range(48)]

@@ -156,10 +156,17 @@ class KVProgressPolicy(_KVAdmission):
 
 
 class StaticPolicy(BaseModel):
-    """Pre-assign job i to engine i mod E and start everything at once."""
+    """Pre-assign every job of a batch to an engine and start everything at once."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["static"] = "static"
+    split: Literal["chunks", "round_robin"] = Field(
+        default="chunks",
+        description=(
+            "chunks: engine e takes the e-th contiguous slice of the batch, so a problem's samples"
+            " share an engine (verl's data-parallel dispatch); round_robin: job i to engine i mod E."
+        ),
+    )
 
 
 class LeastRequestsPolicy(BaseModel):

@@ -18,7 +18,12 @@ never moves or preempts a running job. Four policies, chosen once by `SchedulerC
   cache); its next turn waits on the same engine until it fits, ahead of any new job. The books
   of one engine are a `kvgate.TurnGate`; on an engine that reports no progress every turn counts
   at its worst case.
-- `static` (VERL v0.2, what the paper replaced): job i goes to engine i mod E and starts at once.
+- `static` (VERL v0.2, what the paper replaced): every job of a batch (`run`, `stream`) is
+  pre-assigned and started at once. `split="chunks"` (the default) gives engine e the e-th
+  contiguous slice of the batch, as verl's data-parallel dispatch does (`DataProto.chunk` over a
+  batch whose samples of one problem are adjacent), so a problem's samples share an engine;
+  `split="round_robin"` sends job i to engine i mod E. A lone `submit` has no batch to slice and
+  goes round robin.
 - `least_requests` (verl v0.5): a job goes to the engine with the fewest running jobs and stays
   there; optionally capped at `max_running_per_engine`.
 
@@ -44,6 +49,7 @@ from rstar2_rollout.config import (
     KVAwarePolicy,
     KVProgressPolicy,
     SchedulerConfig,
+    StaticPolicy,
 )
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
 from rstar2_rollout.kvgate import TurnGate, WaitingTurn
@@ -118,6 +124,7 @@ class _Entry:
     job: Job[Any]
     future: asyncio.Future[JobResult[Any]]
     submitted_at: float
+    batch: tuple[int, int] | None = None  # (position, size) in the batch it came with
 
 
 class EngineLease:
@@ -210,20 +217,34 @@ class Scheduler(Generic[T]):
 
     def submit(self, job: Job[T]) -> asyncio.Future[JobResult[T]]:
         """Queue a job; the future resolves with its result. Cancel the future to withdraw it."""
+        return self._submit([job], batch=False)[0]
+
+    def _submit(self, jobs: Iterable[Job[T]], *, batch: bool) -> list[asyncio.Future[JobResult[T]]]:
+        """Queue jobs in order, then dispatch once; `batch` records their places in the batch."""
         loop = asyncio.get_running_loop()
-        entry = _Entry(self._submitted, job, loop.create_future(), loop.time())
-        self._submitted += 1
-        entry.future.add_done_callback(
-            lambda f, e=entry: self._on_done(e) if f.cancelled() else None
-        )
-        self._queue.append(entry)
+        jobs = list(jobs)
+        futures = []
+        for pos, job in enumerate(jobs):
+            entry = _Entry(
+                self._submitted,
+                job,
+                loop.create_future(),
+                loop.time(),
+                (pos, len(jobs)) if batch else None,
+            )
+            self._submitted += 1
+            entry.future.add_done_callback(
+                lambda f, e=entry: self._on_done(e) if f.cancelled() else None
+            )
+            self._queue.append(entry)
+            futures.append(entry.future)
         self._start_health_checks()
         self._dispatch()
-        return entry.future
+        return futures
 
     async def stream(self, jobs: Iterable[Job[T]]) -> AsyncGenerator[JobResult[T], None]:
         """Run jobs and yield results as they complete; closing early withdraws the rest."""
-        futures = [self.submit(job) for job in jobs]
+        futures = self._submit(jobs, batch=True)
         try:
             for next_done in asyncio.as_completed(futures):
                 yield await next_done
@@ -233,7 +254,7 @@ class Scheduler(Generic[T]):
 
     async def run(self, jobs: Iterable[Job[T]]) -> list[JobResult[T]]:
         """Run jobs and return every result in submission order."""
-        futures = [self.submit(job) for job in jobs]
+        futures = self._submit(jobs, batch=True)
         try:
             return list(await asyncio.gather(*futures))
         finally:
@@ -362,7 +383,14 @@ class Scheduler(Generic[T]):
 
     def _place_static(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
         alive = list(self._alive())
-        return alive[entry.index % len(alive)] if alive else None
+        if not alive:
+            return None
+        policy = self.config.policy
+        assert isinstance(policy, StaticPolicy)
+        if policy.split == "chunks" and entry.batch is not None:
+            pos, size = entry.batch
+            return alive[pos * len(alive) // size]
+        return alive[entry.index % len(alive)]
 
     def _place_least_requests(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
         alive = list(self._alive())
