@@ -8,6 +8,8 @@
 Simulated time on a virtual clock (deterministic per seed); the wall time of the simulation itself
 is printed too. Prints one table and writes JSON (default bench/results/rollout_sched.json).
 `vs_kvp` is makespan / kv_progress's (the default policy; > 1: kv_progress is faster).
+`static` is verl v0.2's split (contiguous slices of the batch, so a problem's samples share an
+engine); `static_round_robin` deals the batch out one job per engine in turn, a stronger baseline.
 `--bounds` adds rows whose submission order knows the drawn lengths (see
 `rstar2_rollout.simulate.order_workload`): what ordering alone could gain, not a real policy.
 """
@@ -40,11 +42,14 @@ SCENARIOS = {
 }
 KV_AWARE = SchedulerConfig(policy=KVAwarePolicy())
 KV_PROGRESS = SchedulerConfig(policy=KVProgressPolicy())
+STATIC = SchedulerConfig(policy=StaticPolicy())  # verl's contiguous slices
+ROUND_ROBIN = SchedulerConfig(policy=StaticPolicy(split="round_robin"))
 RUNS: list[tuple[str, SchedulerConfig, bool, Order]] = [
     ("kv_progress", KV_PROGRESS, False, "submitted"),
     ("kv_aware", KV_AWARE, False, "submitted"),
-    ("static", SchedulerConfig(policy=StaticPolicy()), False, "submitted"),
-    ("static+turn_barrier", SchedulerConfig(policy=StaticPolicy()), True, "submitted"),
+    ("static", STATIC, False, "submitted"),
+    ("static_round_robin", ROUND_ROBIN, False, "submitted"),
+    ("static+turn_barrier", STATIC, True, "submitted"),
     ("least_requests", SchedulerConfig(policy=LeastRequestsPolicy()), False, "submitted"),
 ]
 BOUNDS: list[tuple[str, SchedulerConfig, bool, Order]] = [
