@@ -5,9 +5,12 @@ and sampling params, per trajectory in turn order) and how long each of its tool
 waiting; the raw run replays the requests straight into `engine.generate`, each trajectory's turns
 in sequence and all trajectories concurrently, with no parsing, no tokenising and no sandbox.
 `raw+tools` replays them the same way but sleeps between two turns as long as the loop waited for
-that turn's tools, so `loop` over `raw+tools` is what the loop's own work costs. Seeds are fixed,
-so every side generates the same tokens. Runs alternate (loop, raw, raw+tools, ...) after a
-warm-up; the table shows medians.
+that turn's tools. The `taped` loop is the loop again with its tool calls answered from the
+recording (`ToolTape`) after the recorded wait, so `taped` over `raw+tools` is what the loop's own
+work costs, and `loop` over `taped` what the sandbox's CPU work on the same machine costs. Seeds
+are fixed, so the sides generate the same tokens (a taped run, batched differently, may sample a
+few others; each side's token count is printed). Each repeat runs loop, taped, raw, raw+tools
+after a warm-up; the table shows medians.
 
     uv run python bench/rollout_loop.py            # tiny model built on the spot
     uv run python bench/rollout_loop.py --trajectories 128 --max-tokens 512

@@ -198,10 +198,15 @@ class Scheduler(Generic[T]):
         self._health: asyncio.Task[None] | None = None
         self._dispatching = False
         self._again = False
+        static = (
+            self._place_static_slices
+            if isinstance(policy, StaticPolicy) and policy.split == "chunks"
+            else self._place_round_robin
+        )
         self._place: Callable[[_Entry], _Slot | Literal["wait"] | None] = {
             "kv_aware": self._place_kv_aware,
             "kv_progress": self._place_kv_progress,
-            "static": self._place_static,
+            "static": static,
             "least_requests": self._place_least_requests,
         }[self.config.policy.kind]
         if isinstance(self.config.policy, KVAwarePolicy | KVProgressPolicy):
@@ -381,16 +386,17 @@ class Scheduler(Generic[T]):
             return None
         return "wait"
 
-    def _place_static(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
+    def _place_static_slices(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
+        """Engine e takes the e-th contiguous slice of the job's batch (verl's split)."""
+        if entry.batch is None:  # a lone submit: no batch to slice
+            return self._place_round_robin(entry)
         alive = list(self._alive())
-        if not alive:
-            return None
-        policy = self.config.policy
-        assert isinstance(policy, StaticPolicy)
-        if policy.split == "chunks" and entry.batch is not None:
-            pos, size = entry.batch
-            return alive[pos * len(alive) // size]
-        return alive[entry.index % len(alive)]
+        pos, size = entry.batch
+        return alive[pos * len(alive) // size] if alive else None
+
+    def _place_round_robin(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
+        alive = list(self._alive())
+        return alive[entry.index % len(alive)] if alive else None
 
     def _place_least_requests(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
         alive = list(self._alive())
