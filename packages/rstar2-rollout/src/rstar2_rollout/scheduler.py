@@ -32,7 +32,8 @@ times in a row, or a `kv_capacity()` probe that raises, marks the engine dead. I
 fail with the reason and nothing new goes to it; when every engine is dead, queued and new jobs
 fail at once with the reasons instead of waiting forever. A failed job is not retried.
 
-Not covered: the jobs' own logic (the agent loop), retries, priorities, weight updates (the owner
+The data it takes and hands back (`Job`, `JobResult`, `EngineStatus`) is in `job.py`. Not
+covered: the jobs' own logic (the agent loop), retries, priorities, weight updates (the owner
 of the engines calls `update_weights` between batches). Times are the running event loop's clock,
 so the same code runs on a real loop and on the simulator's virtual clock.
 """
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -52,58 +53,12 @@ from rstar2_rollout.config import (
     StaticPolicy,
 )
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.job import EngineDeadError, EngineStatus, Job, JobResult
 from rstar2_rollout.kvgate import TurnGate, WaitingTurn
 
+__all__ = ["EngineDeadError", "EngineLease", "EngineStatus", "Job", "JobResult", "Scheduler"]
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Job(Generic[T]):
-    """One trajectory to run: `run(engine)` is called once with the engine of all its turns."""
-
-    run: Callable[[Engine], Awaitable[T]]
-    prompt_tokens: int
-    max_response_tokens: int
-    tag: Any = None  # handed back in the JobResult (e.g. the problem id and sample index)
-
-    @property
-    def reserve_tokens(self) -> int:
-        """Worst-case KV tokens the job can hold: prompt plus the whole response budget."""
-        return self.prompt_tokens + self.max_response_tokens
-
-
-@dataclass(frozen=True)
-class JobResult(Generic[T]):
-    """What a job returned, or why it failed; times are the event loop's clock."""
-
-    index: int
-    tag: Any
-    value: T | None
-    error: str | None
-    engine: str | None
-    submitted_at: float
-    started_at: float | None
-    finished_at: float
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    """One engine as the scheduler sees it."""
-
-    name: str
-    healthy: bool
-    running: int
-    reserved_tokens: int
-    capacity: KVCapacity | None
-    dead_reason: str = ""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine a job runs on was marked dead."""
 
 
 @dataclass(eq=False)
