@@ -92,10 +92,11 @@ def build_model(args: argparse.Namespace, folder: Path) -> Path:
 def policy_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from rstar2_algos import GrpoRocConfig, build_algorithm
+    from rstar2_algos import GrpoRocConfig
     from rstar2_rollout.trajectory import Trajectory
+    from rstar2_trainer.distributed import train_step
     from rstar2_trainer.precision import Precision
-    from rstar2_trainer.update import make_optimizer, policy_update
+    from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
     precision = Precision(torch.device("cuda", 0), torch.bfloat16)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -113,23 +114,26 @@ def policy_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     ]
     advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(len(kept))])  # [K]
     optimizer = make_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
-    algo = build_algorithm(GrpoRocConfig())
+    loss = WorkerPolicyLoss(GrpoRocConfig())
+    rows = policy_rows(kept, advantages)
     torch.cuda.reset_peak_memory_stats()
     times = []
     for step in range(args.steps + 1):
         _sync()
         start = time.perf_counter()
-        result = policy_update(
-            model,
-            optimizer,
-            algo,
-            kept,
-            advantages,
-            pad_id=0,
-            micro_batch_tokens=args.micro_batch_tokens,
-            grad_clip=1.0,
-            precision=precision,
-        )
+        with precision.autocast():  # the driver policy's step (policy.DriverPolicy)
+            result = train_step(
+                model,
+                optimizer,
+                rows,
+                loss,
+                pad_id=0,
+                micro_batch_tokens=args.micro_batch_tokens,
+                max_grad_norm=1.0,
+                device=precision.device,
+                normalize_by=loss.normalize_by,
+                with_entropy=True,
+            )
         _sync()
         if step:  # the first step is the warm-up
             times.append(time.perf_counter() - start)

@@ -17,8 +17,8 @@ def test_every_recipe_validates():
 
 
 def test_override_is_applied():
-    config = load_config("tiny", ["rollout.max_turns=7", "run.seed=3"])
-    assert config.rollout.max_turns == 7
+    config = load_config("tiny", ["rollout.top_p=0.9", "run.seed=3"])
+    assert config.rollout.top_p == 0.9
     assert config.run.seed == 3
 
 
@@ -27,7 +27,12 @@ def test_override_is_applied():
     [
         (["nope"], "no recipe 'nope'"),
         (["tiny", "rollout.no_such=1"], "unknown key 'rollout.no_such'"),
-        (["tiny", "rollout.max_turns=-1"], "rollout.max_turns"),
+        (["tiny", "rollout.top_p=-1"], "rollout.top_p"),
+        (["tiny", "rollout.max_turns=7"], "rollout.max_turns is not read by the trainer"),
+        (["tiny", "rollout.n=8"], "rollout.n is not read by the trainer"),
+        (["tiny", "algo.kl_coef=0.1"], "set algo.kl_coef: 0"),
+        (["tiny", "sandbox_service.mode=address"], "set address: host:port"),
+        (["tiny", "verify_service.address=h:1"], "only read in mode address"),
         (["tiny", "garbage"], "not of the form a.b=value"),
         (["tiny", "eval.samples=4", "eval.temperature=0"], "set eval.temperature above 0"),
         (["tiny", "sft.direct_share=1.5"], "sft.direct_share"),

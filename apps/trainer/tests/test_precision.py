@@ -15,12 +15,13 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rstar2_algos import GrpoRocConfig, build_algorithm
+from rstar2_algos import GrpoRocConfig
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import ConfigError, load_config
+from rstar2_trainer.distributed import train_step
 from rstar2_trainer.precision import FP32_CPU, Precision, distributed_config, resolve_device
 from rstar2_trainer.sft import train_sft
-from rstar2_trainer.update import make_optimizer, policy_update
+from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
 BF16_CPU = Precision(torch.device("cpu"), torch.bfloat16)
 
@@ -62,18 +63,20 @@ def _trajectories() -> tuple[list[Trajectory], torch.Tensor]:
 def _step(model, precision: Precision):
     rows, advantages = _trajectories()
     optimizer = make_optimizer(model, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01)
-    algo = build_algorithm(GrpoRocConfig())
-    return policy_update(
-        model,
-        optimizer,
-        algo,
-        rows,
-        advantages,
-        pad_id=0,
-        micro_batch_tokens=64,  # several micro-batches
-        grad_clip=1.0,
-        precision=precision,
-    ), optimizer
+    loss = WorkerPolicyLoss(GrpoRocConfig())
+    with precision.autocast():
+        result = train_step(
+            model,
+            optimizer,
+            policy_rows(rows, advantages),
+            loss,
+            pad_id=0,
+            micro_batch_tokens=64,  # several micro-batches
+            max_grad_norm=1.0,
+            device=precision.device,
+            normalize_by=loss.normalize_by,
+        )
+    return result, optimizer
 
 
 def test_bf16_autocast_step_matches_fp32_loosely_and_keeps_fp32_master_weights():

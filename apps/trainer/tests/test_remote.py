@@ -101,6 +101,7 @@ def test_trainer_rolls_out_on_a_remote_worker(
         *SMALL,
         f"model={{kind: pretrained, path: {model}}}",
         f"remote.workers=[{address}]",
+        "eval.before_sft=true",
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "rstar2_trainer.cli", *args],

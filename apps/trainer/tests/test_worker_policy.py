@@ -1,7 +1,9 @@
-"""The RL update on FSDP2 training workers equals the driver's `policy_update` on the same batch.
+"""The RL update, in the driver and on FSDP2 training workers, equals the plain full-batch step.
 
 - fast: the algorithm's loss through `distributed.train_step` (`WorkerPolicyLoss`, one process,
-  other micro-batch splits) gives `policy_update`'s loss, gradient norm, metrics and weights;
+  micro-batches) gives the loss, gradient norm, metrics and weights of one forward and backward
+  over the whole batch (`_reference`, written out here); `DriverPolicy` with several
+  mini-batches computes old logprobs, so the clip acts;
 - slow: two gloo ranks as Ray actors (`worker_policy.WorkerPolicy`) take that same step, and the
   engine that then receives rank 0's weights generates what transformers does with them;
 - slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT in the driver and
@@ -15,7 +17,9 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,9 +29,11 @@ from transformers import AutoModelForCausalLM
 from rstar2_algos import GrpoRocConfig, build_algorithm
 from rstar2_rollout.tiny import build_tiny_model
 from rstar2_rollout.trajectory import Trajectory
+from rstar2_trainer.batching import make_batch, response_logprobs
+from rstar2_trainer.checkpoint import load_latest
 from rstar2_trainer.distributed import train_step
 from rstar2_trainer.rundir import read_metrics
-from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows, policy_update
+from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -64,23 +70,52 @@ def _kept() -> tuple[list[Trajectory], torch.Tensor]:
     return kept, advantages
 
 
-def _reference(model_dir: Path) -> tuple[Any, Any]:
-    """`policy_update` in one process, micro-batches of 64 padded tokens."""
+@dataclass
+class _Expected:
+    loss: float
+    grad_norm: float
+    tokens: int
+    metrics: dict[str, float]
+
+
+def _full_batch_step(model, optimizer, algo_config, kept, advantages, temperature=1.0) -> _Expected:
+    """The update written out: one forward and backward over the whole padded batch."""
+    algo = build_algorithm(algo_config)
+    token_level = algo.config.aggregation == "token_mean"
+    tokens = sum(sum(t.loss_mask) for t in kept)
+    batch = make_batch(
+        [t.prompt_ids for t in kept],
+        [t.response_ids for t in kept],
+        [t.loss_mask for t in kept],
+        0,
+    )
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    logp, entropy = response_logprobs(model, batch, with_entropy=True, temperature=temperature)
+    loss, metrics = algo.policy_loss(
+        logp,
+        logp.detach(),
+        advantages,
+        batch.response_mask,
+        entropy=entropy.detach() if entropy is not None else None,
+        normalizer=float(tokens if token_level else len(kept)),
+    )
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    optimizer.step()
+    return _Expected(
+        float(loss.detach()),
+        float(norm),
+        int(tokens),
+        {k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()},
+    )
+
+
+def _reference(model_dir: Path) -> tuple[Any, _Expected]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = make_optimizer(model, LR, (0.9, 0.999), WEIGHT_DECAY)
     kept, advantages = _kept()
-    result = policy_update(
-        model,
-        optimizer,
-        build_algorithm(ALGO),
-        kept,
-        advantages,
-        pad_id=0,
-        micro_batch_tokens=64,
-        grad_clip=CLIP,
-        temperature=TEMPERATURE,
-    )
-    return model, result
+    return model, _full_batch_step(model, optimizer, ALGO, kept, advantages, TEMPERATURE)
 
 
 def _check_metrics(got: dict[str, float], want: dict[str, float]) -> None:
@@ -89,7 +124,7 @@ def _check_metrics(got: dict[str, float], want: dict[str, float]) -> None:
         assert abs(got[key] - value) < 1e-5, (key, got[key], value)
 
 
-def test_worker_loss_through_train_step_equals_policy_update(tmp_path):
+def test_worker_loss_through_train_step_equals_the_full_batch_step(tmp_path):
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     reference, expected = _reference(model_dir)
     assert expected.metrics["clip_frac_low"] == 0  # ratio 1: one update per batch
@@ -130,20 +165,13 @@ def _check_weights(got: dict, want: dict, model_dir: Path) -> None:
 
 
 def test_sequence_aggregation_divides_by_rows(tmp_path):
-    """A sequence-mean algorithm normalises by rows on the workers, as `policy_update` does."""
+    """A sequence-mean algorithm normalises by rows, as the full-batch step does."""
     algo = GrpoRocConfig(aggregation="sequence_mean")
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     kept, advantages = _kept()
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    expected = policy_update(
-        ref,
-        make_optimizer(ref, LR, (0.9, 0.999), 0.0),
-        build_algorithm(algo),
-        kept,
-        advantages,
-        pad_id=0,
-        micro_batch_tokens=64,
-        grad_clip=CLIP,
+    expected = _full_batch_step(
+        ref, make_optimizer(ref, LR, (0.9, 0.999), 0.0), algo, kept, advantages
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     loss = WorkerPolicyLoss(algo)
@@ -162,9 +190,34 @@ def test_sequence_aggregation_divides_by_rows(tmp_path):
     assert abs(result.grad_norm - expected.grad_norm) < 1e-5
 
 
+def test_driver_policy_mini_batches_make_the_clip_act(tmp_path):
+    """optim.mini_batches > 1: the second mini-batch sees a moved policy against old logprobs
+    taken before the first, so the ratio leaves 1 and clip fractions rise above zero; with one
+    step the ratio is 1 and nothing is clipped."""
+    from rstar2_trainer.config import load_config
+    from rstar2_trainer.policy import DriverPolicy
+    from rstar2_trainer.precision import FP32_CPU
+
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
+    kept, advantages = _kept()
+
+    def update(*overrides: str) -> dict[str, float]:
+        config = load_config("tiny", ["optim.lr=0.05", "optim.micro_batch_tokens=40", *overrides])
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        policy = DriverPolicy(model, config, FP32_CPU, pad_id=0)
+        return asyncio.run(policy.update(kept, advantages, lr=0.05, temperature=TEMPERATURE))
+
+    one = update()
+    assert one["optim_steps"] == 1
+    assert one["clip_frac_low"] == 0 and one["clip_frac_high"] == 0
+    several = update("optim.mini_batches=2", "optim.epochs=2")
+    assert several["optim_steps"] == 4
+    assert several["clip_frac_low"] + several["clip_frac_high"] > 0
+
+
 @pytest.mark.slow
 def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
-    """Two gloo ranks on Ray take `policy_update`'s step; the engine then runs their weights."""
+    """Two gloo ranks on Ray take the full-batch step; the engine then runs their weights."""
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     import ray
 
@@ -197,21 +250,21 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
 
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        async with open_worker_policy(config, model_dir) as workers:
+        async with open_worker_policy(config, model_dir, pad_id=0) as workers:
             assert workers is not None
-            out["metrics"] = await workers.update(
-                kept, advantages, lr=LR, pad_id=0, temperature=TEMPERATURE
-            )
+            out["metrics"] = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
             out["state"] = dict(await workers.group.full_state())
             (engine,) = await start_engines(config, cluster, model_dir, 2048)
             try:
-                out["sync"] = await workers.sync([engine])
+                out["sync"] = await workers.sync(SimpleNamespace(engines=[engine]))
                 out["tokens"] = (await engine.generate(prompt, greedy, "after")).token_ids
             finally:
                 await engine.close()
-            await workers.save(tmp_path / "ckpt", 1)
-            await workers.update(kept, advantages, lr=LR, pad_id=0, temperature=TEMPERATURE)
-            await workers.restore(tmp_path / "ckpt", 1)
+            await workers.save(tmp_path / "ckpt", 1, {})
+            await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
+            checkpoint = load_latest(tmp_path / "ckpt")
+            assert checkpoint is not None and checkpoint.model is None
+            await workers.restore(checkpoint)
             out["restored"] = dict(await workers.group.full_state())
         return out
 
@@ -225,7 +278,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
     assert abs(metrics["loss"] - expected.loss) < 1e-5
     assert abs(metrics["grad_norm"] - expected.grad_norm) < 1e-4
     _check_metrics(
-        {k: v for k, v in metrics.items() if not k.startswith("train_")},
+        {k: v for k, v in metrics.items() if not k.startswith("train_") and k != "optim_steps"},
         {"loss": expected.loss, "grad_norm": expected.grad_norm, **expected.metrics},
     )
     _check_weights(out["state"], reference.state_dict(), model_dir)

@@ -15,7 +15,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rstar2_sandbox import SandboxConfig
-from rstar2_verify import VerifyConfig
+from rstar2_verify import RewardConfig, VerifyConfig
+
+# The evaluator's default rule: grade the whole response, truncated or not (any model's answer).
+FREE_FORM = RewardConfig(graded="response", truncated="graded")
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 if not CONFIG_DIR.is_dir():  # editable install: the configs live beside src/
@@ -139,6 +142,11 @@ class EvalConfig(_Frozen):
     )
     tool: ToolConfig = Field(default_factory=LocalTool, description="Where tool calls run.")
     verify: VerifyConfig = Field(default_factory=VerifyConfig, description="Answer grading.")
+    reward: RewardConfig = Field(
+        default=FREE_FORM,
+        description="What is graded: the whole response by default (any model's free-form "
+        "answer); reward.graded=answer_block reward.truncated=zero is rstar2-train's rule.",
+    )
     out: str = Field(
         default="", description="Run directory; empty: runs/eval/<benchmark>-<model name>."
     )
@@ -146,7 +154,7 @@ class EvalConfig(_Frozen):
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same evaluation (a resume must match it)."""
         keep = ("model", "benchmark", "samples", "temperature", "top_p", "max_turns")
-        tail = ("max_response_tokens", "seed", "system_prompt")
+        tail = ("max_response_tokens", "seed", "system_prompt", "reward")
         dumped = self.model_dump(mode="json", include={*keep, *tail})
         return {key: dumped[key] for key in (*keep, *tail)}
 

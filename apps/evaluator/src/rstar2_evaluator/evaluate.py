@@ -1,23 +1,26 @@
 """One evaluation run, top to bottom: problems, model, run directory, rollouts, grading, summary.
 
-The same parts as training: rstar2-rollout's `run_agent` (the paper's chat format and tool-call
-parser) over an `Engine`, the code tool in a sandbox (`LocalSandbox` in this process, or a
-sandbox server), and rstar2-verify's `Grader`. Each sample's seed derives from (run seed,
-problem id, sample index, turn), so a resumed run draws what the uninterrupted one would have.
+The same parts and path as training: rstar2-rollout's `RolloutWorker` (its scheduler places
+every sample on the engine, the agent loop runs it with the paper's chat format and tool-call
+parser), the code tool in a sandbox (`LocalSandbox` in this process, or a sandbox server), and
+rstar2-verify's `Grader` with its reward rule (`config.reward`: the whole response by default;
+`reward.graded=answer_block reward.truncated=zero` is rstar2-train's, so its held-out accuracy
+is reproduced exactly). Each sample's seed derives from (run seed, problem id, sample index,
+turn), so a resumed run draws what the uninterrupted one would have.
 
 Order matters for "nothing half-written looks finished": the benchmark is loaded and the model
 checked (an endpoint must answer) before the run directory is opened; each sample is recorded
 once it is generated and graded; a sample that failed for the engine or the tool is not recorded
 (a rerun retries it); the summary is written last, and only when every sample is recorded.
 
-Not covered: several engines behind a scheduler (one engine serves all samples here).
+Not covered: several engines (one engine serves all samples here; `concurrency` caps the
+samples it runs at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -27,7 +30,7 @@ from rich.console import Console
 
 from rstar2_curriculum import Problem, normalise_answer
 from rstar2_evaluator.benchmarks import load_benchmark
-from rstar2_evaluator.config import EvalConfig
+from rstar2_evaluator.config import FREE_FORM, EvalConfig
 from rstar2_evaluator.metrics import Summary, summarize
 from rstar2_evaluator.model import check_model, load_tokenizer
 from rstar2_evaluator.record import SampleRecord
@@ -38,14 +41,21 @@ from rstar2_rollout import (
     ChatFormat,
     Engine,
     EngineConfig,
+    LeastRequestsPolicy,
     RolloutConfig,
+    RolloutSampling,
+    RolloutWorker,
+    Scheduler,
+    SchedulerConfig,
     Trajectory,
+    WorkerConfig,
+    agent_producer,
     build_engine,
-    run_agent,
     system_prompt,
 )
+from rstar2_rollout import Problem as RolloutProblem
 from rstar2_sandbox import LocalSandbox, SandboxClient
-from rstar2_verify import Grader
+from rstar2_verify import Grader, RewardConfig, graded_text, is_correct, reward_of
 
 
 class EvalFailed(RuntimeError):
@@ -76,16 +86,17 @@ def rollout_config(config: EvalConfig, context: int | None) -> RolloutConfig:
 
 
 def to_record(
-    problem: Problem, traj: Trajectory, text: str, grade: Any, seconds: float
+    problem: Problem, traj: Trajectory, text: str, grade: Any, correct: bool, seconds: float
 ) -> SampleRecord:
-    """A finished trajectory and its grade, as one line of samples.jsonl."""
+    """A finished trajectory, its grade (None: nothing to grade) and verdict, as one line."""
+    extracted = grade.extracted if grade is not None else None
     return SampleRecord(
         problem_id=problem.id,
         sample_index=traj.sample_index,
         reference=problem.answer,
-        answer=grade.extracted,
-        answer_key=answer_key(grade.extracted),
-        correct=grade.correct,
+        answer=extracted,
+        answer_key=answer_key(extracted),
+        correct=correct,
         finish_reason=traj.finish_reason or "error",
         response_tokens=len(traj.response_ids),
         sampled_tokens=traj.sampled_tokens,
@@ -106,34 +117,48 @@ async def evaluate(
     store: RunStore,
     *,
     max_failures: int,
+    reward: RewardConfig = FREE_FORM,
     on_done: Callable[[SampleRecord], None] | None = None,
 ) -> list[str]:
     """Roll out, grade and record every (problem, sample index) in `todo`; return the failures."""
     fmt = ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
-    slots = asyncio.Semaphore(config.max_concurrency)
+    produce, prompt_tokens = agent_producer(sandbox, fmt, config)
+    policy = LeastRequestsPolicy(max_running_per_engine=config.max_concurrency)
+    scheduler: Scheduler = Scheduler([engine], SchedulerConfig(policy=policy))
+    worker = RolloutWorker(
+        scheduler,
+        produce,
+        prompt_tokens,
+        WorkerConfig(max_trajectories=max(1, len(todo))),
+        system_prompt_style=config.system_prompt,
+    )
+    by_id = {p.id: p for p, _ in todo}
+    samples = [(RolloutProblem(p.id, p.question), i) for p, i in todo]
     failures: list[str] = []
-    stop = asyncio.Event()
-
-    async def one(problem: Problem, index: int) -> None:
-        async with slots:
-            if stop.is_set():
-                return
-            started = time.perf_counter()
-            traj = await run_agent(engine, sandbox, fmt, problem, config, sample_index=index)
+    if not samples:
+        return failures
+    stream = worker.generate_samples(samples, RolloutSampling.of(config, 1))
+    try:
+        async for result in stream:
+            traj, problem = result.trajectory, by_id[result.trajectory.group_id]
             why = traj.error if traj.finish_reason == "error" else await outage(sandbox, traj)
             if why:
-                failures.append(f"{problem.id}#{index}: {why}")
+                failures.append(f"{problem.id}#{traj.sample_index}: {why}")
                 if len(failures) >= max_failures:
-                    stop.set()
-                return
+                    break
+                continue
             text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
-            grade = await grader.agrade(text, problem.answer)
-            record = to_record(problem, traj, text, grade, time.perf_counter() - started)
+            graded = graded_text(reward, response=text, final_answer=traj.final_answer)
+            grade = await grader.agrade(graded, problem.answer) if graded else None
+            correct = is_correct(reward_of(grade, traj.finish_reason, reward))
+            seconds = traj.timings.generate_s + traj.timings.tool_s  # the sample's own time
+            record = to_record(problem, traj, text, grade, correct, seconds)
             store.append(record)
             if on_done is not None:
                 on_done(record)
-
-    await asyncio.gather(*(one(problem, index) for problem, index in todo))
+    finally:
+        await stream.aclose()
+        await scheduler.close()
     return failures
 
 
@@ -161,6 +186,7 @@ async def _run(
             rollout,
             store,
             max_failures=config.max_failures,
+            reward=config.reward,
             on_done=on_done,
         )
 

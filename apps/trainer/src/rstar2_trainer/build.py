@@ -4,8 +4,10 @@
 `open_parts` is an async context manager that stops them in reverse order on any exit.
 The sandbox and verify servers run as child processes on loopback by default, reached over
 gRPC exactly as on a cluster; `mode=address` connects to running ones, `mode=local` runs them
-in-process (for debugging). With a `remote` section, `open_parts` hands over to
-`remote.open_remote_parts`: no local engine, scheduler or sandbox, `Parts.remote` set.
+in-process (for debugging). Trajectories come from one `collect.TrajectorySource`: an in-process
+`RolloutWorker` (the rollout package's scheduler and agent loop over local engines), or, with a
+`remote` section, the `rstar2-rollout serve` workers (`remote.RemoteWorkers`; no local engine
+or sandbox).
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from rstar2_rollout import Engine
+from rstar2_rollout import ChatFormat, Engine, RolloutWorker, WorkerConfig, system_prompt
 from rstar2_rollout.scheduler import Scheduler
+from rstar2_rollout.worker import agent_producer
 from rstar2_sandbox import Sandbox
-from rstar2_trainer.collect import EngineMeter
+from rstar2_trainer.collect import TrajectorySource
 from rstar2_trainer.config import ConfigError, PretrainedModelConfig, ServiceConfig, TrainerConfig
+from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.remote import RemoteWorkers
 from rstar2_trainer.servers import ChildServer, console_script
-from rstar2_trainer.verifier import Verifier
-
-if TYPE_CHECKING:
-    from rstar2_trainer.remote import RemoteWorkers
+from rstar2_trainer.verifier import Scorer, Verifier
 
 
 @dataclass
@@ -38,9 +40,9 @@ class Parts:
     model: Any  # transformers PreTrainedModel, the policy being trained
     tokenizer: Any
     engines: list[EngineMeter]  # each engine, metered for idle time (none when remote)
-    scheduler: Scheduler | None  # None when rollouts run on remote workers
+    source: TrajectorySource  # RolloutWorker over `engines`, or the RemoteWorkers
     sandbox: Sandbox | None  # None when rollouts run on remote workers (they call their own)
-    verifier: Verifier
+    scorer: Scorer
     servers: list[ChildServer] = field(default_factory=list)
     remote: RemoteWorkers | None = None  # the rollout workers, in remote mode
 
@@ -48,6 +50,25 @@ class Parts:
         """Raise ServerError if a child server died."""
         for server in self.servers:
             server.check()
+
+
+def local_source(
+    config: TrainerConfig, engines: Sequence[EngineMeter], sandbox: Sandbox, tokenizer: Any
+) -> tuple[RolloutWorker, Scheduler]:
+    """The rollout package's scheduler and agent loop over `engines`, as a trajectory source."""
+    fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
+    produce, prompt_tokens = agent_producer(sandbox, fmt, config.rollout)
+    scheduler: Scheduler = Scheduler(list(engines), config.scheduler)
+    limits = WorkerConfig(max_trajectories=1 << 30)  # the recipe sizes the batches
+    worker = RolloutWorker(
+        scheduler,
+        produce,
+        prompt_tokens,
+        limits,
+        engines=engines,
+        system_prompt_style=config.rollout.system_prompt,
+    )
+    return worker, scheduler
 
 
 def prepare_model_dir(config: TrainerConfig, run_dir: Path, corpus: Sequence[str] = ()) -> Path:
@@ -205,27 +226,28 @@ async def open_parts(
     config: TrainerConfig, run_dir: Path, corpus: Sequence[str] = ()
 ) -> AsyncIterator[Parts]:
     """Build every part; stop them all, in reverse order, however the block exits."""
-    if config.remote is not None:
-        from rstar2_trainer.remote import open_remote_parts
-
-        async with open_remote_parts(config, run_dir, corpus) as parts:
-            yield parts
-        return
     async with contextlib.AsyncExitStack() as stack:
         servers: list[ChildServer] = []
         stack.callback(_stop_all, servers)
         model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)
-        sandbox = await _open_sandbox(config, config.sandbox_service, servers)
-        stack.push_async_callback(sandbox.close)
         verifier = await _open_verifier(config, config.verify_service, servers)
         stack.push_async_callback(verifier.close)
+        scorer = Scorer(verifier, config.reward, tokenizer)
+        if config.remote is not None:
+            fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
+            remote = await RemoteWorkers.connect(config.remote, fmt.prompt_ids)
+            stack.push_async_callback(remote.close)
+            yield Parts(model_dir, model, tokenizer, [], remote, None, scorer, servers, remote)
+            return
+        sandbox = await _open_sandbox(config, config.sandbox_service, servers)
+        stack.push_async_callback(sandbox.close)
         engines = [EngineMeter(e) for e in build_engines(config, model_dir, model, tokenizer)]
         for engine in engines:
             stack.push_async_callback(engine.close)
-        scheduler: Scheduler = Scheduler(engines, config.scheduler)
+        source, scheduler = local_source(config, engines, sandbox, tokenizer)
         stack.push_async_callback(scheduler.close)
-        yield Parts(model_dir, model, tokenizer, engines, scheduler, sandbox, verifier, servers)
+        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer, servers)
 
 
 def _stop_all(servers: Sequence[ChildServer]) -> None:

@@ -45,10 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
-from rstar2_trainer.build import Parts, load_policy, max_model_len, prepare_model_dir
-from rstar2_trainer.collect import EngineMeter
+from rstar2_trainer.build import (
+    Parts,
+    load_policy,
+    local_source,
+    max_model_len,
+    prepare_model_dir,
+)
 from rstar2_trainer.config import ClusterConfig, TrainerConfig
-from rstar2_trainer.verifier import Verifier
+from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.verifier import Scorer, Verifier
 from rstar2_verify import Grade
 
 _EXTRA_HINT = 'cluster mode needs Ray: pip install "rstar2-trainer[cluster]"'
@@ -377,7 +383,6 @@ async def open_cluster_parts(
     cluster: ClusterConfig | None = None,
 ) -> AsyncIterator[Parts]:
     """Place every part on Ray (see the module docstring); tear all down on any exit."""
-    from rstar2_rollout.scheduler import Scheduler
     from rstar2_sandbox.client import SandboxClient
 
     placement: ClusterConfig = cluster or getattr(config, "cluster", None) or ClusterConfig()
@@ -397,6 +402,7 @@ async def open_cluster_parts(
         engines = [EngineMeter(e) for e in started]
         for engine in engines:
             stack.push_async_callback(engine.close)
-        scheduler: Scheduler = Scheduler(engines, config.scheduler)
+        source, scheduler = local_source(config, engines, sandbox, tokenizer)
         stack.push_async_callback(scheduler.close)
-        yield Parts(model_dir, model, tokenizer, engines, scheduler, sandbox, verifier)
+        scorer = Scorer(verifier, config.reward, tokenizer)
+        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer)

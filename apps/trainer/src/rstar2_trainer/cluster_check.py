@@ -29,7 +29,7 @@ async def check(config: TrainerConfig, cluster: ClusterConfig, run_dir: Path) ->
     start = time.perf_counter()
     async with open_cluster_parts(config, run_dir, cluster=cluster) as parts:
         print(f"placed in {time.perf_counter() - start:.1f} s")
-        assert parts.sandbox is not None and parts.scheduler is not None  # cluster parts have both
+        assert parts.sandbox is not None  # cluster parts have one
         infos = await parts.sandbox.info()  # type: ignore[attr-defined]  (a SandboxClient)
         for info in infos:
             print(f"sandbox server {info.address}: {info.workers} workers, {info.confinements}")
@@ -40,7 +40,7 @@ async def check(config: TrainerConfig, cluster: ClusterConfig, run_dir: Path) ->
         ok &= good == len(results)
         print(f"sandbox: {good}/{len(results)} calls printed 42 in {time.perf_counter() - t:.3f} s")
         t = time.perf_counter()
-        grades = await parts.verifier.grade_many([("<answer>\\boxed{42}</answer>", "42")])
+        grades = await parts.scorer.verifier.grade_many([("<answer>\\boxed{42}</answer>", "42")])
         ok &= grades[0].correct
         print(f"verify: correct={grades[0].correct} in {time.perf_counter() - t:.3f} s")
         prompt = parts.tokenizer("1 + 1 =")["input_ids"]

@@ -1,86 +1,42 @@
-"""Collect graded trajectories: the scheduler places them on engines, grading overlaps generation.
+"""Collect graded trajectories from a trajectory source; grading overlaps generation.
 
-Each problem is rolled out `n` times through the rollout package's scheduler (KV-cache-aware by
-default) and agent loop; as soon as a trajectory finishes, its `<answer>` block goes to the
-grader, so grading runs off the generation path as in the paper. `EngineMeter` wraps an engine to
-measure how long it sat with nothing to generate while the rollout was open: the "GPU-idle
-equivalent" of waiting on tools and grading.
+A `TrajectorySource` turns problems and a `RolloutSampling` into finished trajectories, in the
+order they finish. Two implement it, with one signature:
+
+- `rstar2_rollout.RolloutWorker` in this process: the rollout package's scheduler places each
+  trajectory on the local (or Ray) engines, the agent loop runs it (`build.open_parts`);
+- `remote.RemoteWorkers`: `rstar2-rollout serve` workers on other machines, fed problem by problem
+  as they have room (`remote:` section).
+
+`collect` sends every setting of the step's `RolloutConfig` (`RolloutSampling.of`), grades each
+trajectory as soon as it arrives (`Scorer`, off the generation path as in the paper), and returns
+them in batch order with the phase times. A job that produced no trajectory (its engine died)
+is a failed job, not a trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rstar2_curriculum import Problem
-from rstar2_rollout import (
-    Engine,
-    EngineProgress,
-    Generation,
-    KVCapacity,
-    ProgressEngine,
-    RolloutConfig,
-    SamplingParams,
-)
-from rstar2_rollout.loop import derive_seed, run_agent
-from rstar2_rollout.scheduler import Job
+from rstar2_rollout import Problem as RolloutProblem
+from rstar2_rollout import RolloutConfig, RolloutSampling, WorkerResult
+from rstar2_rollout.loop import derive_seed
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.verifier import Verifier, answer_text
-
-if TYPE_CHECKING:
-    from rstar2_trainer.build import Parts
+from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.verifier import Scorer
 
 
-class EngineMeter:
-    """An `Engine` that counts in-flight generate calls and the time it had none."""
+class TrajectorySource(Protocol):
+    """Where trajectories come from: `n` per problem, yielded as each finishes."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.inner = engine
-        self.name = engine.name
-        self._in_flight = 0
-        self._idle_since: float | None = None
-        self.idle_s = 0.0
-        self.busy = False  # True while a rollout window is open
-
-    def open(self) -> None:
-        self.busy, self.idle_s = True, 0.0
-        self._idle_since = time.perf_counter() if self._in_flight == 0 else None
-
-    def close_window(self) -> float:
-        if self._idle_since is not None:
-            self.idle_s += time.perf_counter() - self._idle_since
-        self.busy, self._idle_since = False, None
-        return self.idle_s
-
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
-    ) -> Generation:
-        if self._in_flight == 0 and self._idle_since is not None:
-            self.idle_s += time.perf_counter() - self._idle_since
-            self._idle_since = None
-        self._in_flight += 1
-        try:
-            return await self.inner.generate(prompt_ids, params, request_id)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0 and self.busy:
-                self._idle_since = time.perf_counter()
-
-    def kv_capacity(self) -> KVCapacity | None:
-        return self.inner.kv_capacity()
-
-    def progress(self) -> EngineProgress | None:
-        """The inner engine's progress report, if it gives one (`ProgressEngine`)."""
-        return self.inner.progress() if isinstance(self.inner, ProgressEngine) else None
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self.inner.update_weights(named_tensors)
-
-    async def close(self) -> None:
-        await self.inner.close()
+    def generate(
+        self, problems: Sequence[RolloutProblem], sampling: RolloutSampling
+    ) -> AsyncIterator[WorkerResult]: ...
 
 
 @dataclass
@@ -123,53 +79,43 @@ class Collected:
 
 
 async def collect(
+    source: TrajectorySource,
+    scorer: Scorer,
     problems: Sequence[Problem],
     n: int,
-    parts: Parts,
     config: RolloutConfig,
+    *,
+    meters: Sequence[EngineMeter] = (),
     on_done: Callable[[], None] | None = None,
 ) -> Collected:
-    """Roll out `n` trajectories per problem on `parts` and grade each as it finishes."""
-    if parts.remote is not None:
-        from rstar2_trainer.remote import collect_remote
-
-        return await collect_remote(problems, n, parts, config, on_done)
-    scheduler, meters, sandbox = parts.scheduler, parts.engines, parts.sandbox
-    assert scheduler is not None and sandbox is not None
-    verifier, tokenizer = parts.verifier, parts.tokenizer
-    from rstar2_rollout.chat import ChatFormat, system_prompt
-
-    fmt = ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
-    jobs = []
+    """Roll out `n` trajectories per problem from `source` and grade each as it finishes."""
+    if not problems:  # e.g. a hard subset that came out empty
+        return Collected(problems=[], trajectories=[])
     by_id = {p.id: p for p in problems}
-    for problem in problems:
-        prompt_len = len(fmt.prompt_ids(problem.question))
-        for i in range(n):
-
-            async def run(engine: Engine, problem: Problem = problem, i: int = i) -> Trajectory:
-                return await run_agent(engine, sandbox, fmt, problem, config, sample_index=i)
-
-            jobs.append(Job(run, prompt_len, config.max_response_tokens))
+    asked = [RolloutProblem(p.id, p.question) for p in problems]
+    trajectories: list[Trajectory] = []
+    failed: list[str] = []
+    grading: list[asyncio.Task[Any]] = []
     for meter in meters:
         meter.open()
     start = time.perf_counter()
-    trajectories: list[Trajectory] = []
-    failed: list[str] = []
-    grading: list[asyncio.Task] = []
-
-    async for result in scheduler.stream(jobs):
-        if result.ok and result.value is not None:
-            trajectories.append(result.value)
-            problem = by_id[result.value.group_id]
-            grading.append(asyncio.create_task(grade_trajectory(verifier, problem, result.value)))
-        else:
-            failed.append(result.error or "unknown")
-        if on_done is not None:
-            on_done()
-    rollout_s = time.perf_counter() - start
-    idle = sum(meter.close_window() for meter in meters)
-    tail_start = time.perf_counter()
-    await asyncio.gather(*grading)
+    try:
+        async for result in source.generate(asked, RolloutSampling.of(config, n)):
+            traj = result.trajectory
+            if traj.finish_reason == "error" and not traj.prompt_ids:
+                failed.append(f"{result.engine}: {traj.error}".lstrip(": "))
+            else:
+                trajectories.append(traj)
+                grading.append(asyncio.create_task(scorer.score(by_id[traj.group_id], traj)))
+            if on_done is not None:
+                on_done()
+    finally:
+        rollout_s = time.perf_counter() - start
+        idle = sum(meter.close_window() for meter in meters)
+        tail_start = time.perf_counter()
+        await asyncio.gather(*grading, return_exceptions=True)
+    for task in grading:
+        task.result()  # a grading error surfaces here
     return Collected.of(
         problems,
         trajectories,
@@ -178,16 +124,6 @@ async def collect(
         grade_tail_s=time.perf_counter() - tail_start,
         engine_idle_s=idle,
     )
-
-
-async def grade_trajectory(verifier: Verifier, problem: Problem, traj: Trajectory) -> None:
-    """Set `traj.reward`: 1.0 when its answer block matches the problem's answer, else 0.0."""
-    text = answer_text(traj.final_answer)
-    if not text:
-        traj.reward = 0.0
-        return
-    (grade,) = await verifier.grade_many([(text, problem.answer)])
-    traj.reward = 1.0 if grade.correct else 0.0
 
 
 def rollout_config_for(

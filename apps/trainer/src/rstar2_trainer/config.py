@@ -16,7 +16,7 @@ from rstar2_algos import AlgoConfig, GrpoRocConfig
 from rstar2_curriculum import CurriculumConfig
 from rstar2_rollout import RolloutConfig, SchedulerConfig
 from rstar2_sandbox import SandboxConfig
-from rstar2_verify import VerifyConfig
+from rstar2_verify import RewardConfig, VerifyConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 if not CONFIG_DIR.is_dir():  # editable install: the recipes live beside src/
@@ -103,6 +103,14 @@ class OptimConfig(_Section):
     micro_batch_tokens: int = Field(
         default=16384, gt=0, description="Padded tokens per forward/backward micro-batch."
     )
+    mini_batches: int = Field(
+        default=1,
+        gt=0,
+        description="Optimizer steps per pass over the kept batch (PPO mini-batches); 1: one.",
+    )
+    epochs: int = Field(
+        default=1, gt=0, description="Passes over the kept batch per RL step (PPO epochs)."
+    )
 
 
 class TrainSettings(_Section):
@@ -142,6 +150,14 @@ class ServiceConfig(_Section):
     port: int = Field(default=0, ge=0, le=65535, description="Port of a child server; 0: free.")
     workers: int = Field(default=2, gt=0, description="Worker processes of a child server.")
 
+    @model_validator(mode="after")
+    def _address_with_its_mode(self) -> ServiceConfig:
+        if self.mode == "address" and not self.address:
+            raise ValueError("mode address needs an address: set address: host:port")
+        if self.mode != "address" and self.address:
+            raise ValueError(f"address is only read in mode address (mode is {self.mode})")
+        return self
+
 
 class EvalConfig(_Section):
     """Held-out evaluation: before SFT, after SFT and after each stage."""
@@ -159,6 +175,10 @@ class EvalConfig(_Section):
     )
     max_turns: int = Field(default=4, gt=0, description="Turns per evaluation trajectory.")
     max_response_tokens: int = Field(default=384, gt=0, description="Response budget.")
+    before_sft: bool = Field(
+        default=False,
+        description="Also evaluate before SFT (the untrained model; it teaches nothing).",
+    )
 
     @model_validator(mode="after")
     def _samples_need_sampling(self) -> EvalConfig:
@@ -244,6 +264,11 @@ class RemoteRolloutConfig(_Section):
     chunk_bytes: int = Field(
         default=4 << 20, gt=0, le=32 << 20, description="Piece size of the weight-update stream."
     )
+    in_flight_per_engine: int = Field(
+        default=4,
+        gt=0,
+        description="Problems a worker runs at once per healthy engine; more wait in one queue.",
+    )
 
 
 class TrainerConfig(_Section):
@@ -270,6 +295,9 @@ class TrainerConfig(_Section):
         default_factory=ServiceConfig, description="Where tool calls run."
     )
     verify: VerifyConfig = Field(default_factory=VerifyConfig, description="Grading limits.")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="What is graded and how it becomes the reward."
+    )
     verify_service: ServiceConfig = Field(
         default_factory=ServiceConfig, description="Where grading runs."
     )
@@ -286,6 +314,32 @@ class TrainerConfig(_Section):
     def _one_placement(self) -> TrainerConfig:
         if self.remote is not None and self.cluster is not None:
             raise ValueError("set cluster or remote, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _only_what_the_trainer_honours(self) -> TrainerConfig:
+        # Settings that would validate but do nothing, or fail only after SFT, are refused here.
+        set_by_trainer = {
+            "n": "algo.group_size x algo.oversample sets the rollouts per problem",
+            "max_concurrency": "the scheduler admits rollouts by KV room (scheduler.*)",
+            "max_response_tokens": "each stage sets it (curriculum.*.max_response_tokens)",
+            "max_turns": "each stage sets it (curriculum stages)",
+            "seed": "run.seed seeds every step",
+        }
+        for key, why in set_by_trainer.items():
+            if key in self.rollout.model_fields_set:
+                raise ValueError(f"rollout.{key} is not read by the trainer: {why}; remove it")
+        if getattr(self.algo, "kl_coef", 0.0) > 0:
+            raise ValueError(
+                "algo.kl_coef > 0 needs reference-model logprobs, which the trainer does not "
+                "compute (the paper uses no KL); set algo.kl_coef: 0"
+            )
+        several = self.optim.mini_batches * self.optim.epochs > 1
+        if several and self.cluster is not None and self.cluster.train_workers:
+            raise ValueError(
+                "optim.mini_batches or optim.epochs > 1 with cluster.train_workers: the ranks do "
+                "not compute old logprobs yet; set both to 1 or train in the driver"
+            )
         return self
 
     @model_validator(mode="after")

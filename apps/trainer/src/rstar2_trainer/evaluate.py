@@ -23,9 +23,15 @@ if TYPE_CHECKING:
 
 
 def held_out_problems(config: EvalConfig, training: Sequence[Problem]) -> list[Problem]:
+    """`config.problems` synthetic problems none of whose questions the run trains on."""
     seen = {p.question for p in training}
-    pool = generate_problems(config.problems * 2, seed=config.seed, difficulty=config.difficulty)
-    fresh = [p for p in pool if p.question not in seen]
+    size = config.problems * 2
+    while True:  # a larger pool when training already holds most small problems
+        pool = generate_problems(size, seed=config.seed, difficulty=config.difficulty)
+        fresh = [p for p in pool if p.question not in seen]
+        if len(fresh) >= config.problems or size >= config.problems * 64:
+            break
+        size *= 4
     return [p.model_copy(update={"id": f"eval-{p.id}"}) for p in fresh[: config.problems]]
 
 
@@ -45,7 +51,15 @@ async def evaluate(
             "seed": config.seed,
         }
     )
-    collected = await collect(problems, config.samples, parts, rollout, on_done)
+    collected = await collect(
+        parts.source,
+        parts.scorer,
+        problems,
+        config.samples,
+        rollout,
+        meters=parts.engines,
+        on_done=on_done,
+    )
     stats = trajectory_stats(collected.trajectories)
     stats["accuracy"] = stats.pop("reward", 0.0)
     stats["problems"] = len(problems)

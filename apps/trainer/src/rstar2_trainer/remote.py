@@ -2,46 +2,40 @@
 
     trainer (this process)                      each worker (`rstar2-rollout serve`)
       policy model + optimizer, verifier   -->    Scheduler over its engines, agent loop, sandbox
-      problems of a step, spread by engines  -->  trajectories streamed back as they finish
+      problems, as each worker has room    -->    trajectories streamed back as they finish
       new weights after each update (safetensors pieces) --> loaded into every engine in place
 
-- `open_remote_parts` yields the same `Parts` as `build.open_parts`, with `remote` set and no
-  local engine, scheduler or sandbox: the workers run the agent loop and call their own sandbox.
-- `collect_remote` splits a batch across workers in proportion to their healthy engines (a
-  problem's n samples stay on one worker), sends each worker its problems with the step's
-  sampling and seed, and grades each trajectory as it arrives, as the local path does. A job
-  that failed on a worker (an engine died) comes back as an error and counts as a failed job.
-- Every trajectory's prompt must equal the trainer's own rendering of the question: a worker
-  serving another tokenizer or system prompt is refused with a message saying so.
-- `RemoteWorkers.push_weights` serialises the state dict once and sends it to all workers at
-  once; the seconds are the weight-sync phase.
+- `RemoteWorkers` is a `collect.TrajectorySource`, like the in-process `RolloutWorker`. Problems
+  are dispatched dynamically: one shared queue, each worker keeps `in_flight_per_engine` problems
+  per healthy engine running (a problem's n samples stay on one worker, so its prefix is cached
+  there) and takes the next one as soon as one finishes. A fast node therefore takes more of the
+  batch and no node idles while another has a backlog, unlike a split fixed before the step.
+- Every setting of the step's rollout config travels with the request (`RolloutSampling.of`); a
+  worker started with another system prompt is refused by the worker, and a worker serving
+  another tokenizer is caught here: every trajectory's prompt must equal the trainer's rendering.
+- `push_weights` serialises the state dict once and sends it to all workers at once; the seconds
+  are the weight-sync phase.
 
-The workers' agent-loop settings (system prompt, tool-output truncation, tool timeout) are their
-`serve` flags; the request carries temperature, top_p, budget, turns and seed. Not measured here:
-engine idle time on the workers (`engine_idle_share` reads 0 in this mode).
+Not measured here: engine idle time on the workers (`engine_idle_share` reads 0 in this mode).
+A worker that fails mid-step ends the step with a `ServerError` (the run resumes from its last
+checkpoint); its problems are not moved to another worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rstar2_curriculum import Problem
 from rstar2_rollout import Problem as RolloutProblem
-from rstar2_rollout import RolloutClient, RolloutConfig, RolloutError, RolloutSampling
-from rstar2_rollout.trajectory import Trajectory
+from rstar2_rollout import RolloutClient, RolloutError, RolloutSampling, WorkerResult
 from rstar2_rollout.weights import to_safetensors
-from rstar2_trainer.config import RemoteRolloutConfig, TrainerConfig
+from rstar2_trainer.config import RemoteRolloutConfig
 from rstar2_trainer.servers import ServerError
-
-if TYPE_CHECKING:
-    from rstar2_trainer.build import Parts
-    from rstar2_trainer.collect import Collected
 
 
 @dataclass
@@ -52,15 +46,24 @@ class Worker:
 
 
 class RemoteWorkers:
-    """The run's rollout workers: where problems go and where new weights are pushed."""
+    """The run's rollout workers: a trajectory source, and where new weights are pushed."""
 
-    def __init__(self, workers: list[Worker], config: RemoteRolloutConfig) -> None:
+    def __init__(
+        self,
+        workers: list[Worker],
+        config: RemoteRolloutConfig,
+        prompt_ids: Callable[[str], list[int]] | None = None,
+    ) -> None:
         self.workers = workers
         self.config = config
+        self.prompt_ids = prompt_ids  # the trainer's rendering of a question, to check workers
         self.last_push: list[Any] = []  # the WeightUpdate of each worker, last push
+        self.dispatched: dict[str, int] = {}  # problems each worker took in the last generate
 
     @classmethod
-    async def connect(cls, config: RemoteRolloutConfig) -> RemoteWorkers:
+    async def connect(
+        cls, config: RemoteRolloutConfig, prompt_ids: Callable[[str], list[int]] | None = None
+    ) -> RemoteWorkers:
         """Reach every worker (retrying until `connect_timeout_s`) and read its engines."""
         workers: list[Worker] = []
         try:
@@ -71,17 +74,67 @@ class RemoteWorkers:
         except BaseException:
             await asyncio.gather(*(w.client.close() for w in workers))
             raise
-        return cls(workers, config)
+        return cls(workers, config, prompt_ids)
 
-    def split(self, problems: Sequence[Problem]) -> list[list[Problem]]:
-        """Each worker's share: problems go where the fewest are queued per engine."""
-        shares: list[list[Problem]] = [[] for _ in self.workers]
-        for problem in problems:
-            k = min(
-                range(len(self.workers)), key=lambda i: len(shares[i]) / self.workers[i].engines
+    async def generate(
+        self, problems: Sequence[RolloutProblem], sampling: RolloutSampling
+    ) -> AsyncIterator[WorkerResult]:
+        """Every problem's `sampling.n` trajectories, from whichever worker has room first."""
+        queue = collections.deque(problems)
+        results: asyncio.Queue[WorkerResult | None] = asyncio.Queue()
+        checked: set[str] = set()
+        self.dispatched = {w.address: 0 for w in self.workers}
+
+        async def one(worker: Worker, problem: RolloutProblem) -> None:
+            try:
+                async for result in worker.client.generate([problem], sampling):
+                    traj = result.trajectory
+                    if traj.prompt_ids and traj.group_id not in checked:
+                        self._check_prompt(problem, traj.prompt_ids, worker)
+                        checked.add(traj.group_id)
+                    engine = f"{worker.address}/{result.engine}"
+                    await results.put(dataclasses.replace(result, engine=engine))
+            except RolloutError as exc:
+                raise ServerError(
+                    f"rollout worker at {worker.address} failed: {exc}; the run can be resumed"
+                    " with `rstar2-train --resume RUN_DIR`"
+                ) from None
+
+        async def feed(worker: Worker) -> None:
+            slots = max(1, worker.engines * self.config.in_flight_per_engine)
+            running: set[asyncio.Task[None]] = set()
+            try:
+                while queue or running:
+                    while queue and len(running) < slots:
+                        self.dispatched[worker.address] += 1
+                        running.add(asyncio.create_task(one(worker, queue.popleft())))
+                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()
+            finally:
+                for task in running:
+                    task.cancel()
+
+        feeders = asyncio.gather(*(feed(w) for w in self.workers))
+        feeders.add_done_callback(lambda _: results.put_nowait(None))
+        try:
+            while (item := await results.get()) is not None:
+                yield item
+            await feeders  # a worker's failure surfaces here
+        finally:
+            feeders.cancel()
+            await asyncio.gather(feeders, return_exceptions=True)
+
+    def _check_prompt(self, problem: RolloutProblem, got: list[int], worker: Worker) -> None:
+        if self.prompt_ids is None:
+            return
+        expected = self.prompt_ids(problem.question)
+        if list(got) != expected:
+            raise ServerError(
+                f"rollout worker at {worker.address} rendered problem {problem.id!r} as"
+                f" {len(got)} prompt tokens, the trainer as {len(expected)}: start it on"
+                " the run's model folder with the recipe's --system-prompt"
             )
-            shares[k].append(problem)
-        return shares
 
     async def push_weights(self, named_tensors: Any) -> float:
         """Send new weights to every worker at once; seconds from serialising to the last ack."""
@@ -119,111 +172,3 @@ async def _healthy_engines(client: RolloutClient, address: str, config: RemoteRo
     if not healthy:
         raise ServerError(f"rollout worker at {address} has no healthy engine")
     return healthy
-
-
-@contextlib.asynccontextmanager
-async def open_remote_parts(
-    config: TrainerConfig, run_dir: Path, corpus: Sequence[str] = ()
-) -> AsyncIterator[Parts]:
-    """The trainer's parts when rollouts run on remote workers (see the module docstring)."""
-    from rstar2_trainer.build import (
-        Parts,
-        _open_verifier,
-        _stop_all,
-        load_policy,
-        prepare_model_dir,
-    )
-
-    assert config.remote is not None
-    async with contextlib.AsyncExitStack() as stack:
-        servers: list = []
-        stack.callback(_stop_all, servers)
-        model_dir = prepare_model_dir(config, run_dir, corpus)
-        model, tokenizer = load_policy(model_dir)
-        verifier = await _open_verifier(config, config.verify_service, servers)
-        stack.push_async_callback(verifier.close)
-        remote = await RemoteWorkers.connect(config.remote)
-        stack.push_async_callback(remote.close)
-        yield Parts(model_dir, model, tokenizer, [], None, None, verifier, servers, remote=remote)
-
-
-async def collect_remote(
-    problems: Sequence[Problem],
-    n: int,
-    parts: Parts,
-    config: RolloutConfig,
-    on_done: Callable[[], None] | None = None,
-) -> Collected:
-    """`collect` over the remote workers: same result, same grading as trajectories arrive."""
-    from rstar2_rollout.chat import ChatFormat, system_prompt
-    from rstar2_trainer.collect import Collected, grade_trajectory
-
-    remote = parts.remote
-    assert remote is not None
-    fmt = ChatFormat(parts.tokenizer, system_prompt(style=config.system_prompt))
-    by_id = {p.id: p for p in problems}
-    sampling = RolloutSampling(
-        n=n,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_response_tokens=config.max_response_tokens,
-        max_turns=config.max_turns,
-        seed=config.seed,
-    )
-    trajectories: list[Trajectory] = []
-    failed: list[str] = []
-    grading: list[asyncio.Task] = []
-    checked: set[str] = set()
-
-    async def run(worker: Worker, share: list[Problem]) -> None:
-        asked = [RolloutProblem(p.id, p.question) for p in share]
-        try:
-            async for result in worker.client.generate(asked, sampling):
-                traj = result.trajectory
-                if traj.finish_reason == "error" and not traj.prompt_ids:
-                    failed.append(f"{worker.address} {result.engine}: {traj.error}")
-                else:
-                    if traj.group_id not in checked:
-                        _check_prompt(traj, fmt.prompt_ids(by_id[traj.group_id].question), worker)
-                        checked.add(traj.group_id)
-                    trajectories.append(traj)
-                    grading.append(
-                        asyncio.create_task(
-                            grade_trajectory(parts.verifier, by_id[traj.group_id], traj)
-                        )
-                    )
-                if on_done is not None:
-                    on_done()
-        except RolloutError as exc:
-            raise ServerError(
-                f"rollout worker at {worker.address} failed: {exc}; the run can be resumed"
-                " with `rstar2-train --resume RUN_DIR`"
-            ) from None
-
-    start = time.perf_counter()
-    shares = remote.split(problems)
-    try:
-        await asyncio.gather(*(run(w, s) for w, s in zip(remote.workers, shares, strict=True) if s))
-    finally:
-        rollout_s = time.perf_counter() - start
-        tail_start = time.perf_counter()
-        await asyncio.gather(*grading, return_exceptions=True)
-    for task in grading:
-        task.result()  # a grading error surfaces here, as in the local path
-    return Collected.of(
-        problems,
-        trajectories,
-        failed,
-        rollout_s=rollout_s,
-        grade_tail_s=time.perf_counter() - tail_start,
-        engine_idle_s=0.0,
-    )
-
-
-def _check_prompt(traj: Trajectory, expected: list[int], worker: Worker) -> None:
-    if traj.prompt_ids != expected:
-        raise ServerError(
-            f"rollout worker at {worker.address} rendered problem {traj.group_id!r} as"
-            f" {len(traj.prompt_ids)} prompt tokens, the trainer as {len(expected)}: start it on"
-            " the run's model folder with the recipe's --system-prompt"
-        )

@@ -53,7 +53,7 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
 
 
 def final_table(
-    evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, system_prompt: str
+    evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, eval_settings: str
 ) -> None:
     table = Table(title="Held-out evaluation")
     columns = ("when", "step", "accuracy", "problems x k", "uses tool", "tool-err (correct)")
@@ -73,8 +73,8 @@ def final_table(
     console.print(table)
     console.print(f"run directory: {run_dir}")
     console.print(
-        f"trained policy: {policy} (evaluate it on the held-out problems: rstar2-eval run "
-        f"{policy} {run_dir / 'heldout.jsonl'} system_prompt={system_prompt})"
+        f"trained policy: {policy} (its last held-out evaluation again: rstar2-eval run "
+        f"{policy} {run_dir / 'heldout.jsonl'} {eval_settings})"
     )
 
 

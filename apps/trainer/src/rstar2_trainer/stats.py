@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from rstar2_rollout.trajectory import Trajectory
+from rstar2_verify import is_correct
 
 FAILED = ("error", "timeout", "parse_error")
 
@@ -28,8 +29,8 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float | No
     n = len(trajectories)
     if n == 0:
         return {"trajectories": 0}
-    positives = [t for t in trajectories if t.reward > 0.5]
-    negatives = [t for t in trajectories if t.reward <= 0.5]
+    positives = [t for t in trajectories if is_correct(t.reward)]
+    negatives = [t for t in trajectories if not is_correct(t.reward)]
     lengths = [len(t.response_ids) for t in trajectories]
     reasons = Counter(t.finish_reason or "none" for t in trajectories)
     calls = [sum(t.tool_outcome_counts.values()) for t in trajectories]
@@ -58,7 +59,7 @@ def group_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         groups.setdefault(t.group_id, []).append(t.reward)
     if not groups:
         return {}
-    rates = [sum(1 for r in rs if r > 0.5) / len(rs) for rs in groups.values()]
+    rates = [sum(1 for r in rs if is_correct(r)) / len(rs) for rs in groups.values()]
     return {
         "pass_rate_mean": sum(rates) / len(rates),
         "all_correct_share": sum(1 for r in rates if r == 1.0) / len(rates),

@@ -9,9 +9,11 @@
                 -> checkpoint; an evaluation after each stage
     finish      the trained policy as a Hugging Face folder (RUN_DIR/policy), the final table, plots
 
-With `cluster.train_workers: N` the policy update and the weight sync run on N FSDP2 ranks
-(`worker_policy`); SFT and evaluation stay as they are, and the ranks take the driver's weights
-before RL.
+The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.train_workers`
+FSDP2 ranks (`worker_policy`); SFT and evaluation stay in the driver, and the policy takes the
+driver's weights before RL. Trajectories come from `parts.source` (local engines or remote
+workers) through one `collect`. A step is `rl_step` (rollout to update, its metrics) then
+`end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
@@ -22,6 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,33 +46,53 @@ from rstar2_rollout.chat import encode_conversation
 from rstar2_rollout.loop import derive_seed
 from rstar2_trainer import report
 from rstar2_trainer.build import Parts, open_parts
-from rstar2_trainer.checkpoint import latest_step, load_latest, save_checkpoint, save_policy
+from rstar2_trainer.checkpoint import latest_step, load_latest, save_policy
 from rstar2_trainer.cluster import open_cluster_parts
 from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.evaluate import evaluate, held_out_problems
+from rstar2_trainer.policy import Policy, open_policy
 from rstar2_trainer.precision import FP32_CPU, Precision
 from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
 from rstar2_trainer.sft import train_sft
-from rstar2_trainer.stats import group_stats, trajectory_stats
-from rstar2_trainer.update import make_optimizer, policy_update, warmup_lr
-from rstar2_trainer.weight_sync import push_weights, release_engines
-from rstar2_trainer.worker_policy import WorkerPolicy, open_worker_policy
+from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
+from rstar2_trainer.update import warmup_lr
+from rstar2_trainer.weight_sync import release_engines
+from rstar2_verify import is_correct
 
 
-async def sync_weights(parts: Parts) -> dict[str, float]:
-    """Push the policy's weights into every engine at once (sleeping engines woken, prefix
-    caches reset); the times as metrics (`time_sync_s` the whole). With rollout workers on other
-    machines (`remote`), one payload goes to each worker over gRPC."""
-    if parts.remote is not None:
-        return {"time_sync_s": await parts.remote.push_weights(parts.model.state_dict().items())}
-    times = await push_weights(parts.engines, parts.model.state_dict().items())
-    return times.as_metrics()
+@dataclass
+class Phases:
+    """Wall times of a step's phases, as `time_<name>_s` metrics."""
+
+    times: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"time_{name}_s"] = time.perf_counter() - start
 
 
-async def sync_policy(parts: Parts, workers: WorkerPolicy | None) -> dict[str, float]:
-    """The policy's weights into the engines: from the training ranks, or from the driver."""
-    return await (workers.sync(parts.engines) if workers else sync_weights(parts))
+@dataclass
+class Run:
+    """What the loop carries from step to step."""
+
+    config: TrainerConfig
+    run_dir: Path
+    log: MetricsLog
+    parts: Parts
+    policy: Policy
+    curriculum: Curriculum
+    held_out: list
+    step: int = 0
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
 
 
 async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
@@ -92,16 +117,16 @@ async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
 
 async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: bool) -> None:
     seed = config.run.seed
-    algo = build_algorithm(config.algo)
     problems = load_problems(config.curriculum.source, seed=seed).problems
     curriculum = Curriculum.from_config(config.curriculum, problems)
-    sft_problems = generate_problems(
-        config.sft.examples, seed=derive_seed(seed, "sft"), difficulty=config.sft.difficulty
-    )
+    sft_problems = []
+    if config.sft.enabled:
+        sft_problems = generate_problems(
+            config.sft.examples, seed=derive_seed(seed, "sft"), difficulty=config.sft.difficulty
+        )
     held_out = held_out_problems(config.eval, [*problems, *sft_problems])
     write_jsonl(held_out, run_dir / "heldout.jsonl")  # for rstar2-eval on the same problems
-    checkpoints = run_dir / "checkpoints"
-    ckpt = load_latest(checkpoints) if resume else None
+    ckpt = load_latest(run_dir / "checkpoints") if resume else None
     traces = []
     if config.sft.enabled and ckpt is None:
         traces = sft_traces(
@@ -114,222 +139,196 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
     corpus = tokenizer_corpus(problems, traces, config.rollout.system_prompt)
     opener = open_parts if config.cluster is None else open_cluster_parts
     precision = Precision.from_settings(config.train.device, config.train.dtype)
-    sleep_level = config.cluster.sleep_level if config.cluster is not None else 1
-    async with (
-        opener(config, run_dir, corpus) as parts,
-        open_worker_policy(config, parts.model_dir) as workers,
-    ):
+    async with opener(config, run_dir, corpus) as parts:
         parts.model.to(precision.device)  # fp32 master weights, on the training device
-        model, pad_id = parts.model, _pad_id(parts.tokenizer)
-        optimizer = make_optimizer(
-            model, config.optim.lr, config.optim.betas, config.optim.weight_decay
-        )
-        evals: list[dict[str, Any]] = []
-
-        async def run_eval(when: str, step: int) -> None:
-            parts.check_servers()
-            total = len(held_out) * config.eval.samples
-            with report.progress(f"eval ({when})", total) as advance:
-                stats, _ = await evaluate(parts, held_out, config.eval, config.rollout, advance)
-            record = {"when": when, **stats}
-            evals.append({**record, "step": step})
-            log.log("eval", step, record)
-            report.console.print(
-                f"eval {when}: accuracy {stats['accuracy']:.3f} on {stats['problems']} held-out "
-                f"problems x {config.eval.samples}, "
-                f"tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
-            )
-
-        if ckpt is None:
-            step = 0
-            await sync_weights(parts)
-            await run_eval("before_sft", 0)
-            if config.sft.enabled:
-                run_sft(config, parts, traces, log, pad_id, precision)
-                await sync_weights(parts)
-            await run_eval("after_sft", 0)
-            if workers:
-                await workers.load_from(model)  # SFT ran in the driver
-            await save_run_checkpoint(
-                config, checkpoints, 0, model, optimizer, workers, curriculum, evals
-            )
-        else:
-            step = ckpt.step
-            if workers:
-                await workers.restore(checkpoints, step)
-            elif ckpt.model is None:
-                raise FileNotFoundError(
-                    f"{ckpt.path} holds no model.pt: it was written with training workers; "
-                    "resume with the run's cluster.train_workers"
-                )
+        pad_id = _pad_id(parts.tokenizer)
+        async with open_policy(
+            config, parts.model, parts.model_dir, precision, pad_id=pad_id
+        ) as policy:
+            run = Run(config, run_dir, log, parts, policy, curriculum, held_out)
+            if ckpt is None:
+                await start(run, traces, pad_id, precision)
             else:
-                model.load_state_dict(ckpt.model)
-            if ckpt.optimizer is not None:
-                optimizer.load_state_dict(ckpt.optimizer)
-            curriculum.load_state_dict(ckpt.state["curriculum"])
-            evals = list(ckpt.state["evals"])
-            await sync_policy(parts, workers)
-            report.console.print(f"resumed {run_dir} at RL step {step}")
-
-        while not curriculum.plan.finished:
-            step += 1
-            parts.check_servers()
-            batch = curriculum.next_batch()
-            stage = batch.stage
-            for group in optimizer.param_groups:
-                group["lr"] = warmup_lr(step - 1, config.optim.lr, config.optim.warmup_steps)
-            rollout = rollout_config_for(
-                config.rollout,
-                seed=seed,
-                step=step,
-                max_response_tokens=stage.max_response_tokens,
-                max_turns=stage.max_turns,
-            )
-            n = algo.rollouts_per_prompt
-            with report.progress(f"step {step} rollouts", len(batch.problems) * n) as advance:
-                collected = await collect(batch.problems, n, parts, rollout, advance)
-            trajectories = collected.trajectories
-            by_group: dict[str, list[float]] = {}
-            for t in trajectories:
-                by_group.setdefault(t.group_id, []).append(t.reward)
-            for problem_id, rewards in by_group.items():
-                curriculum.observe(problem_id, rewards)
-
-            selection = algo.select(
-                trajectories,
-                np.random.default_rng(derive_seed(seed, "select", step)),
-                target_groups=len(batch.problems),
-            )
-            metrics: dict[str, Any] = {
-                "stage": stage.name,
-                "batch": [p.id for p in batch.problems],
-                "lr": optimizer.param_groups[0]["lr"],
-                **trajectory_stats(trajectories),
-                **group_stats(trajectories),
-                **selection.stats.as_dict(),
-                "kept_tool_error_ratio_pos": _kept_pos_ratio(selection.trajectories),
-                "failed_jobs": len(collected.failed_jobs),
-                "time_rollout_s": collected.rollout_s,
-                "time_grade_tail_s": collected.grade_tail_s,
-                "time_tool_s": collected.tool_s,
-                "time_generate_s": collected.generate_s,
-                "engine_idle_s": collected.engine_idle_s,
-                "engine_idle_share": collected.engine_idle_s
-                / max(1e-9, collected.rollout_s * len(parts.engines)),
-            }
-            if selection.trajectories:
-                # Colocated engines free their GPU memory for the update; the sync wakes them.
-                metrics["time_sleep_s"] = await release_engines(parts.engines, sleep_level)
-                start = time.perf_counter()
-                advantages = algo.advantages(selection).float()  # [K]
-                update = update_policy(
-                    config,
-                    model,
-                    optimizer,
-                    workers,
-                    algo,
-                    selection.trajectories,
-                    advantages,
-                    pad_id=pad_id,
-                    precision=precision,
-                    temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
-                )
-                metrics.update(await update)
-                metrics["time_train_s"] = time.perf_counter() - start
-                metrics.update(await sync_policy(parts, workers))
-            else:
-                metrics.update(
-                    time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1
-                )
-
-            switch = curriculum.end_step(
-                StepMetrics(
-                    all_correct_share=metrics.get("all_correct_share"),
-                    all_wrong_share=metrics.get("all_wrong_share"),
-                    truncation_ratio=metrics.get("truncation_ratio"),
-                    reward_mean=metrics.get("reward"),
-                )
-            )
-            log.log("rl", step, metrics)
-            report.step_line(step, stage.name, metrics)
-            if switch is not None:
-                log.log("stage", step, switch.model_dump())
-                report.console.print(f"stage switch after step {step}: {switch.reason}")
-                await run_eval(f"after_{stage.name}", step)
-                if switch.reset_optimizer:
-                    optimizer = make_optimizer(
-                        model, config.optim.lr, config.optim.betas, config.optim.weight_decay
-                    )
-                    if workers:
-                        await workers.reset_optimizer()
-            if step % config.run.checkpoint_every == 0 or curriculum.plan.finished:
-                await save_run_checkpoint(
-                    config, checkpoints, step, model, optimizer, workers, curriculum, evals
-                )
-        if workers:
-            await workers.export_into(model)  # the trained weights, for the policy folder
-        policy = save_policy(
-            model,
+                await restore(run, ckpt)
+            while not curriculum.plan.finished:
+                run.step += 1
+                stage, metrics = await rl_step(run)
+                await end_step(run, stage, metrics)
+            await policy.export_into(parts.model)  # the trained weights, for the policy folder
+        policy_dir = save_policy(
+            parts.model,
             parts.tokenizer,
             run_dir / "policy",
             system_prompt=config.rollout.system_prompt,
-            step=step,
+            step=run.step,
         )
-        report.final_table(evals, run_dir, policy, config.rollout.system_prompt)
+        report.final_table(run.evals, run_dir, policy_dir, final_eval_command(config))
 
 
-async def update_policy(
-    config: TrainerConfig,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    workers: WorkerPolicy | None,
-    algo: Any,
-    kept: list,
-    advantages: torch.Tensor,  # [K]
-    *,
-    pad_id: int,
-    precision: Precision,
-    temperature: float,
-) -> dict[str, float]:
-    """One optimizer step on the kept batch, on the training ranks or in the driver; metrics."""
-    if workers:
-        lr = optimizer.param_groups[0]["lr"]  # the driver's optimizer carries the schedule
-        return await workers.update(kept, advantages, lr=lr, pad_id=pad_id, temperature=temperature)
-    result = policy_update(
-        model,
-        optimizer,
-        algo,
-        kept,
-        advantages,
-        pad_id=pad_id,
-        micro_batch_tokens=config.optim.micro_batch_tokens,
-        grad_clip=config.optim.grad_clip,
-        precision=precision,
-        temperature=temperature,
+async def run_eval(run: Run, when: str) -> None:
+    """Held-out accuracy of the current policy, logged and kept for the final table."""
+    config = run.config
+    run.parts.check_servers()
+    total = len(run.held_out) * config.eval.samples
+    with report.progress(f"eval ({when})", total) as advance:
+        stats, _ = await evaluate(run.parts, run.held_out, config.eval, config.rollout, advance)
+    record = {"when": when, **stats}
+    run.evals.append({**record, "step": run.step})
+    run.log.log("eval", run.step, record)
+    report.console.print(
+        f"eval {when}: accuracy {stats['accuracy']:.3f} on {stats['problems']} held-out "
+        f"problems x {config.eval.samples}, "
+        f"tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
     )
-    return {"loss": result.loss, "grad_norm": result.grad_norm, **result.metrics}
 
 
-async def save_run_checkpoint(
-    config: TrainerConfig,
-    checkpoints: Path,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    workers: WorkerPolicy | None,
-    curriculum: Curriculum,
-    evals: list[dict[str, Any]],
-) -> None:
-    """The run's checkpoint; with training workers their sharded one first, and no model.pt."""
-    if workers:
-        await workers.save(checkpoints, step)
-    save_checkpoint(
-        checkpoints,
-        step,
-        model=None if workers else model,
-        optimizer=None if workers else optimizer,
-        state={"curriculum": curriculum.state_dict(), "evals": evals},
-        keep=config.run.keep_checkpoints,
+async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> None:
+    """A new run: (evaluate,) SFT, evaluate, hand the weights to the policy, checkpoint 0."""
+    config, parts = run.config, run.parts
+    await _sync_driver(run)
+    if config.eval.before_sft:
+        await run_eval(run, "before_sft")
+    if config.sft.enabled:
+        run_sft(config, parts, traces, run.log, pad_id, precision)
+        await _sync_driver(run)
+    await run_eval(run, "after_sft")
+    await run.policy.load_from(parts.model)
+    await save(run)
+
+
+async def _sync_driver(run: Run) -> None:
+    """The driver's model (before RL: the policy may not hold it yet) into the engines."""
+    from rstar2_trainer.weight_sync import push_weights
+
+    parts = run.parts
+    if parts.remote is not None:
+        await parts.remote.push_weights(parts.model.state_dict().items())
+    else:
+        await push_weights(parts.engines, parts.model.state_dict().items())
+
+
+async def restore(run: Run, ckpt: Any) -> None:
+    """Back to the latest checkpoint: policy, curriculum, evaluations, step; engines synced."""
+    run.step = ckpt.step
+    await run.policy.restore(ckpt)
+    run.curriculum.load_state_dict(ckpt.state["curriculum"])
+    run.evals = list(ckpt.state["evals"])
+    await run.policy.sync(run.parts)
+    report.console.print(f"resumed {run.run_dir} at RL step {run.step}")
+
+
+async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
+    """One RL step: batch, rollouts (graded as they finish), select, advantages, update, sync."""
+    config, parts, step = run.config, run.parts, run.step
+    parts.check_servers()
+    algo = build_algorithm(config.algo)
+    batch = run.curriculum.next_batch()
+    stage = batch.stage
+    lr = warmup_lr(step - 1, config.optim.lr, config.optim.warmup_steps)
+    rollout = rollout_config_for(
+        config.rollout,
+        seed=config.run.seed,
+        step=step,
+        max_response_tokens=stage.max_response_tokens,
+        max_turns=stage.max_turns,
+    )
+    n = algo.rollouts_per_prompt
+    with report.progress(f"step {step} rollouts", len(batch.problems) * n) as advance:
+        collected = await collect(
+            parts.source,
+            parts.scorer,
+            batch.problems,
+            n,
+            rollout,
+            meters=parts.engines,
+            on_done=advance,
+        )
+    trajectories = collected.trajectories
+    by_group: dict[str, list[bool]] = {}
+    for t in trajectories:
+        by_group.setdefault(t.group_id, []).append(is_correct(t.reward))
+    for problem_id, correct in by_group.items():
+        run.curriculum.observe(problem_id, [float(c) for c in correct])
+
+    selection = algo.select(
+        trajectories,
+        np.random.default_rng(derive_seed(config.run.seed, "select", step)),
+        target_groups=len(batch.problems),
+    )
+    metrics: dict[str, Any] = {
+        "stage": stage.name,
+        "batch": [p.id for p in batch.problems],
+        "lr": lr,
+        **trajectory_stats(trajectories),
+        **group_stats(trajectories),
+        **selection.stats.as_dict(),
+        "kept_tool_error_ratio_pos": tool_error_ratio(
+            [t for t in selection.trajectories if is_correct(t.reward)]
+        ),
+        "failed_jobs": len(collected.failed_jobs),
+        "time_rollout_s": collected.rollout_s,
+        "time_grade_tail_s": collected.grade_tail_s,
+        "time_tool_s": collected.tool_s,
+        "time_generate_s": collected.generate_s,
+        "engine_idle_s": collected.engine_idle_s,
+        "engine_idle_share": collected.engine_idle_s
+        / max(1e-9, collected.rollout_s * max(1, len(parts.engines))),
+    }
+    if not selection.trajectories:
+        metrics.update(time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1)
+        return stage, metrics
+    phases = Phases()
+    sleep_level = config.cluster.sleep_level if config.cluster is not None else 1
+    with phases.time("sleep"):  # colocated engines free their GPU memory; the sync wakes them
+        await release_engines(parts.engines, sleep_level)
+    with phases.time("train"):
+        advantages = algo.advantages(selection).float()  # [K]
+        temperature = rollout.temperature if rollout.temperature > 0 else 1.0
+        update = await run.policy.update(
+            selection.trajectories, advantages, lr=lr, temperature=temperature
+        )
+    metrics.update(update)
+    metrics.update(phases.times)
+    metrics.update(await run.policy.sync(parts))
+    return stage, metrics
+
+
+async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
+    """Curriculum (difficulty, stage switch), log, evaluation after a stage, checkpoint."""
+    switch = run.curriculum.end_step(
+        StepMetrics(
+            all_correct_share=metrics.get("all_correct_share"),
+            all_wrong_share=metrics.get("all_wrong_share"),
+            truncation_ratio=metrics.get("truncation_ratio"),
+            reward_mean=metrics.get("reward"),
+        )
+    )
+    run.log.log("rl", run.step, metrics)
+    report.step_line(run.step, stage.name, metrics)
+    if switch is not None:
+        run.log.log("stage", run.step, switch.model_dump())
+        report.console.print(f"stage switch after step {run.step}: {switch.reason}")
+        await run_eval(run, f"after_{stage.name}")
+        if switch.reset_optimizer:
+            await run.policy.reset_optimizer()
+    if run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished:
+        await save(run)
+
+
+async def save(run: Run) -> None:
+    """The run's checkpoint of this step (the policy writes its own parts)."""
+    state = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
+    await run.policy.save(run.checkpoints, run.step, state)
+
+
+def final_eval_command(config: TrainerConfig) -> str:
+    """The `rstar2-eval` settings that reproduce the run's last held-out evaluation."""
+    e = config.eval
+    return (
+        f"system_prompt={config.rollout.system_prompt} samples={e.samples} "
+        f"temperature={e.temperature} max_turns={e.max_turns} "
+        f"max_response_tokens={e.max_response_tokens} seed={e.seed} "
+        f"reward.graded={config.reward.graded} reward.truncated={config.reward.truncated}"
     )
 
 
@@ -384,12 +383,6 @@ def run_sft(
 def _pad_id(tokenizer: Any) -> int:
     pad = tokenizer.pad_token_id
     return int(pad if pad is not None else tokenizer.eos_token_id)
-
-
-def _kept_pos_ratio(kept: list) -> float | None:
-    from rstar2_trainer.stats import tool_error_ratio
-
-    return tool_error_ratio([t for t in kept if t.reward > 0.5])
 
 
 def run(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:

@@ -1,8 +1,10 @@
 """Grading for the trainer: the verify gRPC client, or the library in-process; one interface.
 
-Only the text of the `<answer>` block is graded (the paper extracts the final answer from
-`\\boxed{}` inside `<answer>`), so a boxed number in a tool output or in the reasoning never earns
-a reward.
+`Verifier` grades (text, gold) pairs wherever the grader runs. `Scorer` turns a finished
+trajectory into its reward with rstar2-verify's reward rule (`rstar2_verify.reward`): which text
+is graded (`reward.graded`: the `<answer>` block by default, so a boxed number in a tool output or
+in the reasoning never earns a reward), the grade-to-reward mapping and truncation. `rstar2-eval`
+uses the same rule, so the trainer's held-out accuracy and the evaluator's agree.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rstar2_curriculum import Problem
+from rstar2_rollout.trajectory import Trajectory
 from rstar2_verify import Grade, VerifyConfig
+from rstar2_verify.reward import RewardConfig, graded_text, reward_of
 
 
 @dataclass
@@ -22,10 +27,10 @@ class Verifier:
     _grader: Any = None
 
     @classmethod
-    def remote(cls, address: str) -> Verifier:
+    def remote(cls, address: str, **client: Any) -> Verifier:
         from rstar2_verify.client import VerifyClient
 
-        return cls(_client=VerifyClient(address))
+        return cls(_client=VerifyClient(address, **client))
 
     @classmethod
     def local(cls, config: VerifyConfig) -> Verifier:
@@ -47,6 +52,24 @@ class Verifier:
             self._grader.close()
 
 
-def answer_text(final_answer: str | None) -> str:
-    """What is graded: the `<answer>` block, or nothing when the trajectory gave none."""
-    return f"<answer>{final_answer}</answer>" if final_answer else ""
+@dataclass
+class Scorer:
+    """Sets a trajectory's reward by the run's reward rule (see the module docstring)."""
+
+    verifier: Verifier
+    config: RewardConfig
+    tokenizer: Any  # decodes the response when the whole response is graded
+
+    def text(self, traj: Trajectory) -> str:
+        """The text the rule grades ("" when there is nothing to grade)."""
+        response = ""
+        if self.config.graded == "response":
+            response = self.tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+        return graded_text(self.config, response=response, final_answer=traj.final_answer)
+
+    async def score(self, problem: Problem, traj: Trajectory) -> Grade | None:
+        """Grade `traj` against `problem`'s answer, set `traj.reward`, return the grade."""
+        text = self.text(traj)
+        grade = (await self.verifier.grade_many([(text, problem.answer)]))[0] if text else None
+        traj.reward = reward_of(grade, traj.finish_reason, self.config)
+        return grade

@@ -11,21 +11,23 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
 - `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver
   trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them
   on exit.
-- `update(...)` is `update.policy_update` on the ranks: the same loss (`WorkerPolicyLoss`, the
-  algorithm's policy loss on the rollouts' tempered logprobs), the same global normalisation, the
-  same metrics (loss, grad_norm, clip fractions, entropy, ...).
-- `sync(engines)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
+- It is a `policy.Policy`: `update(...)` runs `distributed.train_step` on the ranks, the step
+  the driver's `DriverPolicy` runs as a world of one: the same loss (`WorkerPolicyLoss`), the
+  same global normalisation, the same metrics (loss, grad_norm, clip fractions, entropy, ...);
+  `optim.mini_batches` give one rank step per mini-batch.
+- `sync(parts)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
   returns the `time_sync_s` metrics.
 - SFT stays in the driver: `load_from(model)` copies the driver's weights into the ranks before RL.
-- Checkpoints: `save(checkpoints, step)` writes the ranks' sharded model and optimizer to
+- Checkpoints: `save(checkpoints, step, state)` writes the ranks' sharded model and optimizer to
   `checkpoints/workers/step_NNNNNN/` (DCP, loads at any world size), before the driver writes its
   own checkpoint (curriculum, RNG, step; no model) so the driver's `latest` never points at a step
-  the workers lack; `restore(checkpoints, step)` loads that step into the ranks.
+  the workers lack; `restore(checkpoint)` loads that step into the ranks.
 - `export_into(model)` copies the trained weights into the driver's model (for `save_policy`).
 
 Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
 with `train_workers`), SFT on the ranks, a batch with fewer kept trajectories than ranks (an
-error that says what to change). The driver still loads one full copy of the model (for SFT and
+error that says what to change), several epochs over one batch (the old logprobs would need a
+forward pass on the ranks; the config refuses it). The driver still loads one full copy of the model (for SFT and
 the exported policy).
 """
 
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
+from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.distributed import DistributedConfig
 from rstar2_trainer.train_workers import TrainGroup, sync_to_engines
@@ -50,9 +53,10 @@ WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's check
 class WorkerPolicy:
     """The driver's handle on the policy that lives, sharded, on the training ranks."""
 
-    def __init__(self, group: TrainGroup, config: TrainerConfig) -> None:
+    def __init__(self, group: TrainGroup, config: TrainerConfig, *, pad_id: int) -> None:
         self.group = group
         self.config = config
+        self.pad_id = pad_id
         self.loss = WorkerPolicyLoss(config.algo)
 
     async def update(
@@ -61,37 +65,38 @@ class WorkerPolicy:
         advantages: torch.Tensor,  # [K]
         *,
         lr: float,
-        pad_id: int,
         temperature: float,
     ) -> dict[str, float]:
-        """One optimizer step on the ranks; the metrics `policy_update` gives, plus tokens."""
-        if len(kept) < len(self.group.actors):
-            raise ValueError(
-                f"{len(kept)} kept trajectories cannot give each of {len(self.group.actors)} "
-                "training workers one; lower cluster.train_workers or raise curriculum.batch_size"
-            )
-        result = await self.group.step(
-            policy_rows(kept, advantages),
-            self.loss,
-            lr=lr,
-            pad_id=pad_id,
-            micro_batch_tokens=self.config.optim.micro_batch_tokens,
-            max_grad_norm=self.config.optim.grad_clip,
-            normalize_by=self.loss.normalize_by,
-            temperature=temperature,
-            with_entropy=True,
-        )
-        return {
-            "loss": result.loss,
-            "grad_norm": result.grad_norm,
-            "train_tokens": result.tokens,
-            "train_micro_batches": result.micro_batches,
-            **result.metrics,
-        }
+        """One rank step per mini-batch; the metrics `DriverPolicy.update` gives."""
+        from rstar2_trainer.policy import merge_steps, mini_batches
 
-    async def sync(self, engines: Sequence[Any]) -> dict[str, float]:
+        parts = mini_batches(policy_rows(kept, advantages), self.config.optim.mini_batches)
+        if min(len(p) for p in parts) < len(self.group.actors):
+            raise ValueError(
+                f"{len(kept)} kept trajectories in {len(parts)} mini-batches cannot give each of "
+                f"{len(self.group.actors)} training workers one; lower cluster.train_workers or "
+                "optim.mini_batches, or raise curriculum.batch_size"
+            )
+        steps = []
+        for rows in parts:
+            steps.append(
+                await self.group.step(
+                    rows,
+                    self.loss,
+                    lr=lr,
+                    pad_id=self.pad_id,
+                    micro_batch_tokens=self.config.optim.micro_batch_tokens,
+                    max_grad_norm=self.config.optim.grad_clip,
+                    normalize_by=self.loss.normalize_by,
+                    temperature=temperature,
+                    with_entropy=True,
+                )
+            )
+        return merge_steps(steps)
+
+    async def sync(self, parts: Any) -> dict[str, float]:
         """Rank 0's weights into every engine; `time_sync_s` and its parts."""
-        return (await sync_to_engines(self.group, engines)).as_metrics()
+        return (await sync_to_engines(self.group, parts.engines)).as_metrics()
 
     async def load_from(self, model: torch.nn.Module) -> None:
         """The driver's weights (after SFT) into every rank."""
@@ -100,14 +105,24 @@ class WorkerPolicy:
     async def reset_optimizer(self) -> None:
         await self.group.reset_optimizer()
 
-    async def save(self, checkpoints: Path, step: int) -> Path:
+    async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None:
+        """The ranks' sharded checkpoint, then the driver's (no model.pt)."""
         # One more than the driver keeps: a run killed between the two saves resumes from the
         # driver's previous step, which must still be on disk.
         keep = self.config.run.keep_checkpoints + 1
-        return await self.group.save(checkpoints / WORKERS_DIR, step, keep=keep)
+        await self.group.save(checkpoints / WORKERS_DIR, step, keep=keep)
+        save_checkpoint(
+            checkpoints,
+            step,
+            model=None,
+            optimizer=None,
+            state=state,
+            keep=self.config.run.keep_checkpoints,
+        )
 
-    async def restore(self, checkpoints: Path, step: int) -> None:
-        path = checkpoints / WORKERS_DIR / f"step_{step:06d}"
+    async def restore(self, checkpoint: Checkpoint) -> None:
+        step = checkpoint.step
+        path = checkpoint.path.parent / WORKERS_DIR / f"step_{step:06d}"
         if not (path / ".metadata").is_file():
             raise FileNotFoundError(
                 f"{path} is missing: the checkpoint of step {step} was written without training "
@@ -135,7 +150,7 @@ def distributed_config(config: TrainerConfig) -> DistributedConfig:
 
 @contextlib.asynccontextmanager
 async def open_worker_policy(
-    config: TrainerConfig, model_dir: Path
+    config: TrainerConfig, model_dir: Path, *, pad_id: int
 ) -> AsyncIterator[WorkerPolicy | None]:
     """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after."""
     from rstar2_trainer.cluster import ClusterError
@@ -164,6 +179,6 @@ async def open_worker_policy(
             f"{cluster.start_timeout_s:.0f} s; check `ray status` for free resources"
         ) from None
     try:
-        yield WorkerPolicy(group, config)
+        yield WorkerPolicy(group, config, pad_id=pad_id)
     finally:
         await group.close()

@@ -50,6 +50,13 @@ def encode_request(
             max_turns=sampling.max_turns,
             seed=sampling.seed,
             n=sampling.n,
+            count_tool_tokens=sampling.count_tool_tokens,
+            max_tokens_per_turn=sampling.max_tokens_per_turn,
+            max_context_tokens=sampling.max_context_tokens,
+            max_tool_calls_per_turn=sampling.max_tool_calls_per_turn,
+            max_tool_response_chars=sampling.max_tool_response_chars,
+            tool_timeout_s=sampling.tool_timeout_s,
+            system_prompt=sampling.system_prompt,
         ),
         request_id=request_id,
     )
@@ -64,8 +71,20 @@ def decode_request(msg: pb.RolloutRequest) -> tuple[list[Problem], RolloutSampli
         max_response_tokens=s.max_response_tokens,
         max_turns=s.max_turns,
         seed=s.seed,
+        count_tool_tokens=_optional(s, "count_tool_tokens"),
+        max_tokens_per_turn=_optional(s, "max_tokens_per_turn"),
+        max_context_tokens=_optional(s, "max_context_tokens"),
+        max_tool_calls_per_turn=_optional(s, "max_tool_calls_per_turn"),
+        max_tool_response_chars=_optional(s, "max_tool_response_chars"),
+        tool_timeout_s=_optional(s, "tool_timeout_s"),
+        system_prompt=s.system_prompt,
     )
     return [Problem(p.id, p.question) for p in msg.problems], sampling
+
+
+def _optional(msg: pb.SamplingParams, field: str):
+    """The field's value when the sender set it, else None (the worker's own setting)."""
+    return getattr(msg, field) if msg.HasField(field) else None
 
 
 def encode_result(r: WorkerResult) -> pb.Trajectory:

@@ -180,6 +180,7 @@ async def _serve(args: argparse.Namespace) -> None:
             limits,
             engines=engines,
             weights=WeightSpec.from_model_dir(args.model),
+            system_prompt_style=rollout.system_prompt,
         )
         await server.start(worker)
         stop = asyncio.Event()

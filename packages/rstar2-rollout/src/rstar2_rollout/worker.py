@@ -40,7 +40,12 @@ from rstar2_sandbox import Sandbox
 
 @dataclass(frozen=True)
 class RolloutSampling:
-    """Sampling settings of one request; 0 for max_response_tokens / max_turns means the default."""
+    """Settings of one request; 0 for max_response_tokens / max_turns means the worker's default,
+    None for an agent-loop setting keeps the worker's own (its `RolloutConfig`).
+
+    `of(config, n)` carries every setting of a `RolloutConfig` that shapes a trajectory, so a
+    remote worker rolls out exactly as a local one (only the system prompt is the worker's:
+    it renders the prompts, and a request naming another is refused)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -48,6 +53,58 @@ class RolloutSampling:
     max_response_tokens: int = 0
     max_turns: int = 0
     seed: int = 0
+    count_tool_tokens: bool | None = None
+    max_tokens_per_turn: int | None = None
+    max_context_tokens: int | None = None
+    max_tool_calls_per_turn: int | None = None
+    max_tool_response_chars: int | None = None
+    tool_timeout_s: float | None = None
+    system_prompt: str = ""  # "" : the worker's
+
+    @classmethod
+    def of(cls, config: RolloutConfig, n: int) -> RolloutSampling:
+        """Every trajectory-shaping setting of `config`, for `n` samples per problem."""
+        return cls(
+            n=n,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_response_tokens=config.max_response_tokens,
+            max_turns=config.max_turns,
+            seed=config.seed,
+            count_tool_tokens=config.count_tool_tokens,
+            max_tokens_per_turn=config.max_tokens_per_turn,
+            max_context_tokens=config.max_context_tokens,
+            max_tool_calls_per_turn=config.max_tool_calls_per_turn,
+            max_tool_response_chars=config.max_tool_response_chars,
+            tool_timeout_s=config.tool_timeout_s,
+            system_prompt=config.system_prompt,
+        )
+
+    def apply(self, base: RolloutConfig) -> RolloutConfig:
+        """`base` with this request's settings (defaults already filled by the worker)."""
+        update: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_turns": self.max_turns,
+            "max_response_tokens": self.max_response_tokens,
+            "seed": self.seed,
+        }
+        for key in _LOOP_SETTINGS:
+            value = getattr(self, key)
+            if value is not None:
+                update[key] = value
+        return base.model_copy(update=update)
+
+
+# Agent-loop settings a request may carry (None: the worker's own).
+_LOOP_SETTINGS = (
+    "count_tool_tokens",
+    "max_tokens_per_turn",
+    "max_context_tokens",
+    "max_tool_calls_per_turn",
+    "max_tool_response_chars",
+    "tool_timeout_s",
+)
 
 
 @dataclass(frozen=True)
@@ -68,8 +125,8 @@ def agent_producer(
 ) -> tuple[Produce, Callable[[Problem], int]]:
     """`produce` over the agent loop (`run_agent`) and the prompt-length function it implies.
 
-    A request's sampling overrides `base` (temperature, top_p, max_turns, max_response_tokens,
-    seed); everything else (tool limits, truncation, budget rules) comes from `base`.
+    A request's settings override `base` (`RolloutSampling.apply`); the rest (the system prompt)
+    comes from `base`.
     """
     fmt = (
         tokenizer
@@ -80,15 +137,7 @@ def agent_producer(
     async def produce(
         problem: Problem, index: int, engine: Engine, sampling: RolloutSampling
     ) -> Trajectory:
-        config = base.model_copy(
-            update={
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "max_turns": sampling.max_turns,
-                "max_response_tokens": sampling.max_response_tokens,
-                "seed": sampling.seed,
-            }
-        )
+        config = sampling.apply(base)
         return await run_agent(engine, sandbox, fmt, problem, config, sample_index=index)
 
     return produce, lambda problem: len(fmt.prompt_ids(problem.question))
@@ -126,14 +175,17 @@ class RolloutWorker:
         config: WorkerConfig | None = None,
         engines: Sequence[Engine] = (),
         weights: WeightSpec | None = None,
+        system_prompt_style: str = "",
     ) -> None:
-        """`engines` are the scheduler's (for weight updates); `weights` checks their payloads."""
+        """`engines` are the scheduler's (for weight updates); `weights` checks their payloads;
+        `system_prompt_style` is the style `produce` renders prompts in ("" : not checked)."""
         self.scheduler = scheduler
         self.config = config or WorkerConfig()
         self.engines = list(engines)
         self.weights = weights
         self._produce = produce
         self._prompt_tokens = prompt_tokens
+        self._system_prompt = system_prompt_style
         self._gate: asyncio.Condition | None = None  # created on the serving loop
         self._generating = 0
         self._updates = 0  # updates waiting or running: new generations wait behind them
@@ -153,8 +205,18 @@ class RolloutWorker:
             raise InvalidRolloutRequest(
                 f"max_turns must be >= 0 (0: default), got {sampling.max_turns}"
             )
+        for key in _LOOP_SETTINGS:
+            value = getattr(sampling, key)
+            if value is not None and not isinstance(value, bool) and value <= 0:
+                raise InvalidRolloutRequest(f"{key} must be > 0 when set, got {value}")
         if sampling.temperature < 0:
             raise InvalidRolloutRequest(f"temperature must be >= 0, got {sampling.temperature}")
+        style = sampling.system_prompt
+        if style and self._system_prompt and style != self._system_prompt:
+            raise InvalidRolloutRequest(
+                f"the request asks for system prompt {style!r}, this worker renders "
+                f"{self._system_prompt!r}: start it with --system-prompt {style}"
+            )
         if not 0 <= sampling.top_p <= 1:
             raise InvalidRolloutRequest(f"top_p must be in (0, 1] (0: 1.0), got {sampling.top_p}")
         total = len(problems) * sampling.n
@@ -189,13 +251,28 @@ class RolloutWorker:
         self, problems: Sequence[Problem], sampling: RolloutSampling
     ) -> AsyncGenerator[WorkerResult, None]:
         """Yield one result per (problem, sample) as each finishes; closing early cancels the rest."""
+        samples = [(p, i) for p in problems for i in range(max(sampling.n, 0))]
+        async for result in self.generate_samples(samples, sampling, problems=problems):
+            yield result
+
+    async def generate_samples(
+        self,
+        samples: Sequence[tuple[Problem, int]],
+        sampling: RolloutSampling,
+        *,
+        problems: Sequence[Problem] | None = None,
+    ) -> AsyncGenerator[WorkerResult, None]:
+        """`generate` for chosen (problem, sample index) pairs (a resumed evaluation's missing
+        ones): the index, not the position, seeds a sample."""
+        if problems is None:
+            problems = list({p.id: p for p, _ in samples}.values())
         resolved = self.check(problems, sampling)
         gate = self._condition()
         async with gate:
             await gate.wait_for(lambda: self._updates == 0)
             self._generating += 1
         try:
-            async for result in self._generate(problems, resolved):
+            async for result in self._generate(samples, resolved):
                 yield result
         finally:
             async with gate:
@@ -203,17 +280,16 @@ class RolloutWorker:
                 gate.notify_all()
 
     async def _generate(
-        self, problems: Sequence[Problem], resolved: RolloutSampling
+        self, samples: Sequence[tuple[Problem, int]], resolved: RolloutSampling
     ) -> AsyncGenerator[WorkerResult, None]:
         jobs: list[Job[Trajectory]] = []
-        for problem in problems:
+        for problem, i in samples:
             reserve = self._prompt_tokens(problem)
-            for i in range(resolved.n):
 
-                async def run(engine: Engine, p=problem, i=i) -> Trajectory:
-                    return await self._produce(p, i, engine, resolved)
+            async def run(engine: Engine, p=problem, i=i) -> Trajectory:
+                return await self._produce(p, i, engine, resolved)
 
-                jobs.append(Job(run, reserve, resolved.max_response_tokens, (problem.id, i)))
+            jobs.append(Job(run, reserve, resolved.max_response_tokens, (problem.id, i)))
         stream = self.scheduler.stream(jobs)
         try:
             async for r in stream:

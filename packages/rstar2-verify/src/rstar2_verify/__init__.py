@@ -3,15 +3,27 @@
 from rstar2_verify.config import VerifyConfig
 from rstar2_verify.extract import Extraction, extract_answer
 from rstar2_verify.grader import Grade, Grader, agrade, agrade_many, grade, grade_many
+from rstar2_verify.reward import (
+    CORRECT_THRESHOLD,
+    RewardConfig,
+    graded_text,
+    is_correct,
+    reward_of,
+)
 
 __all__ = [
+    "CORRECT_THRESHOLD",
     "Extraction",
     "Grade",
     "Grader",
+    "RewardConfig",
     "VerifyConfig",
     "agrade",
     "agrade_many",
     "extract_answer",
     "grade",
     "grade_many",
+    "graded_text",
+    "is_correct",
+    "reward_of",
 ]

@@ -24,37 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rstar2_proto/rollout/v1/rollout.proto\x12\x17rstar2_proto.rollout.v1\"}\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\x1b\n\x13max_response_tokens\x18\x03 \x01(\x05\x12\x11\n\tmax_turns\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\t\n\x01n\x18\x06 \x01(\x05\"7\n\x07Problem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x03 \x01(\t\"\x93\x01\n\x0eRolloutRequest\x12\x32\n\x08problems\x18\x01 \x03(\x0b\x32 .rstar2_proto.rollout.v1.Problem\x12\x39\n\x08sampling\x18\x02 \x01(\x0b\x32\'.rstar2_proto.rollout.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xb0\x01\n\x08ToolCall\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x35\n\x07outcome\x18\x03 \x01(\x0e\x32$.rstar2_proto.rollout.v1.ToolOutcome\x12\x11\n\tlatency_s\x18\x04 \x01(\x01\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\r\n\x05stdin\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x10\n\x08response\x18\x08 \x01(\t\"\x8b\x03\n\nTrajectory\x12\x12\n\nproblem_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x04 \x03(\x05\x12\x11\n\tloss_mask\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x35\n\ntool_calls\x18\x08 \x03(\x0b\x32!.rstar2_proto.rollout.v1.ToolCall\x12\x14\n\x0c\x66inal_answer\x18\t \x01(\t\x12<\n\rfinish_reason\x18\n \x01(\x0e\x32%.rstar2_proto.rollout.v1.FinishReason\x12\x15\n\ranswer_blocks\x18\x0b \x01(\x05\x12\x12\n\ngenerate_s\x18\x0c \x01(\x01\x12\x0e\n\x06tool_s\x18\r \x01(\x01\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12\x0e\n\x06\x65ngine\x18\x0f \x01(\t\x12\x10\n\x08queued_s\x18\x10 \x01(\x01\"\r\n\x0bInfoRequest\"\x9e\x01\n\nEngineInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x66ree_kv_tokens\x18\x02 \x01(\x03\x12\x17\n\x0ftotal_kv_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\x05\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x1a\n\x12reserved_kv_tokens\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64_reason\x18\x07 \x01(\t\"e\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x34\n\x07\x65ngines\x18\x02 \x03(\x0b\x32#.rstar2_proto.rollout.v1.EngineInfo\x12\x0e\n\x06policy\x18\x03 \x01(\t\"\x1b\n\x0bWeightChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"k\n\x15UpdateWeightsResponse\x12\x0f\n\x07tensors\x18\x01 \x01(\x05\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x11\n\treceive_s\x18\x03 \x01(\x01\x12\x0e\n\x06load_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t*\x90\x01\n\x0bToolOutcome\x12\x1c\n\x18TOOL_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fTOOL_OUTCOME_OK\x10\x01\x12\x16\n\x12TOOL_OUTCOME_ERROR\x10\x02\x12\x18\n\x14TOOL_OUTCOME_TIMEOUT\x10\x03\x12\x1c\n\x18TOOL_OUTCOME_PARSE_ERROR\x10\x04*\xbd\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46INISH_REASON_ANSWERED\x10\x01\x12\x1e\n\x1a\x46INISH_REASON_NO_TOOL_CALL\x10\x02\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x03\x12\x1c\n\x18\x46INISH_REASON_MAX_LENGTH\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x32\xaa\x02\n\x0eRolloutService\x12Z\n\x08Generate\x12\'.rstar2_proto.rollout.v1.RolloutRequest\x1a#.rstar2_proto.rollout.v1.Trajectory0\x01\x12S\n\x04Info\x12$.rstar2_proto.rollout.v1.InfoRequest\x1a%.rstar2_proto.rollout.v1.InfoResponse\x12g\n\rUpdateWeights\x12$.rstar2_proto.rollout.v1.WeightChunk\x1a..rstar2_proto.rollout.v1.UpdateWeightsResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rstar2_proto/rollout/v1/rollout.proto\x12\x17rstar2_proto.rollout.v1\"\xf0\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\x1b\n\x13max_response_tokens\x18\x03 \x01(\x05\x12\x11\n\tmax_turns\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x03\x12\t\n\x01n\x18\x06 \x01(\x05\x12\x1e\n\x11\x63ount_tool_tokens\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12 \n\x13max_tokens_per_turn\x18\x08 \x01(\x05H\x01\x88\x01\x01\x12\x1f\n\x12max_context_tokens\x18\t \x01(\x05H\x02\x88\x01\x01\x12$\n\x17max_tool_calls_per_turn\x18\n \x01(\x05H\x03\x88\x01\x01\x12$\n\x17max_tool_response_chars\x18\x0b \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0etool_timeout_s\x18\x0c \x01(\x01H\x05\x88\x01\x01\x12\x15\n\rsystem_prompt\x18\r \x01(\tB\x14\n\x12_count_tool_tokensB\x16\n\x14_max_tokens_per_turnB\x15\n\x13_max_context_tokensB\x1a\n\x18_max_tool_calls_per_turnB\x1a\n\x18_max_tool_response_charsB\x11\n\x0f_tool_timeout_s\"7\n\x07Problem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x03 \x01(\t\"\x93\x01\n\x0eRolloutRequest\x12\x32\n\x08problems\x18\x01 \x03(\x0b\x32 .rstar2_proto.rollout.v1.Problem\x12\x39\n\x08sampling\x18\x02 \x01(\x0b\x32\'.rstar2_proto.rollout.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xb0\x01\n\x08ToolCall\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x35\n\x07outcome\x18\x03 \x01(\x0e\x32$.rstar2_proto.rollout.v1.ToolOutcome\x12\x11\n\tlatency_s\x18\x04 \x01(\x01\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\r\n\x05stdin\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x10\n\x08response\x18\x08 \x01(\t\"\x8b\x03\n\nTrajectory\x12\x12\n\nproblem_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x04 \x03(\x05\x12\x11\n\tloss_mask\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\r\n\x05turns\x18\x07 \x01(\x05\x12\x35\n\ntool_calls\x18\x08 \x03(\x0b\x32!.rstar2_proto.rollout.v1.ToolCall\x12\x14\n\x0c\x66inal_answer\x18\t \x01(\t\x12<\n\rfinish_reason\x18\n \x01(\x0e\x32%.rstar2_proto.rollout.v1.FinishReason\x12\x15\n\ranswer_blocks\x18\x0b \x01(\x05\x12\x12\n\ngenerate_s\x18\x0c \x01(\x01\x12\x0e\n\x06tool_s\x18\r \x01(\x01\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12\x0e\n\x06\x65ngine\x18\x0f \x01(\t\x12\x10\n\x08queued_s\x18\x10 \x01(\x01\"\r\n\x0bInfoRequest\"\x9e\x01\n\nEngineInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x66ree_kv_tokens\x18\x02 \x01(\x03\x12\x17\n\x0ftotal_kv_tokens\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\x05\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x1a\n\x12reserved_kv_tokens\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64_reason\x18\x07 \x01(\t\"e\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x34\n\x07\x65ngines\x18\x02 \x03(\x0b\x32#.rstar2_proto.rollout.v1.EngineInfo\x12\x0e\n\x06policy\x18\x03 \x01(\t\"\x1b\n\x0bWeightChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"k\n\x15UpdateWeightsResponse\x12\x0f\n\x07tensors\x18\x01 \x01(\x05\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x11\n\treceive_s\x18\x03 \x01(\x01\x12\x0e\n\x06load_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t*\x90\x01\n\x0bToolOutcome\x12\x1c\n\x18TOOL_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fTOOL_OUTCOME_OK\x10\x01\x12\x16\n\x12TOOL_OUTCOME_ERROR\x10\x02\x12\x18\n\x14TOOL_OUTCOME_TIMEOUT\x10\x03\x12\x1c\n\x18TOOL_OUTCOME_PARSE_ERROR\x10\x04*\xbd\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46INISH_REASON_ANSWERED\x10\x01\x12\x1e\n\x1a\x46INISH_REASON_NO_TOOL_CALL\x10\x02\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x03\x12\x1c\n\x18\x46INISH_REASON_MAX_LENGTH\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x32\xaa\x02\n\x0eRolloutService\x12Z\n\x08Generate\x12\'.rstar2_proto.rollout.v1.RolloutRequest\x1a#.rstar2_proto.rollout.v1.Trajectory0\x01\x12S\n\x04Info\x12$.rstar2_proto.rollout.v1.InfoRequest\x1a%.rstar2_proto.rollout.v1.InfoResponse\x12g\n\rUpdateWeights\x12$.rstar2_proto.rollout.v1.WeightChunk\x1a..rstar2_proto.rollout.v1.UpdateWeightsResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rstar2_proto.rollout.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLOUTCOME']._serialized_start=1395
-  _globals['_TOOLOUTCOME']._serialized_end=1539
-  _globals['_FINISHREASON']._serialized_start=1542
-  _globals['_FINISHREASON']._serialized_end=1731
-  _globals['_SAMPLINGPARAMS']._serialized_start=66
-  _globals['_SAMPLINGPARAMS']._serialized_end=191
-  _globals['_PROBLEM']._serialized_start=193
-  _globals['_PROBLEM']._serialized_end=248
-  _globals['_ROLLOUTREQUEST']._serialized_start=251
-  _globals['_ROLLOUTREQUEST']._serialized_end=398
-  _globals['_TOOLCALL']._serialized_start=401
-  _globals['_TOOLCALL']._serialized_end=577
-  _globals['_TRAJECTORY']._serialized_start=580
-  _globals['_TRAJECTORY']._serialized_end=975
-  _globals['_INFOREQUEST']._serialized_start=977
-  _globals['_INFOREQUEST']._serialized_end=990
-  _globals['_ENGINEINFO']._serialized_start=993
-  _globals['_ENGINEINFO']._serialized_end=1151
-  _globals['_INFORESPONSE']._serialized_start=1153
-  _globals['_INFORESPONSE']._serialized_end=1254
-  _globals['_WEIGHTCHUNK']._serialized_start=1256
-  _globals['_WEIGHTCHUNK']._serialized_end=1283
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1285
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1392
-  _globals['_ROLLOUTSERVICE']._serialized_start=1734
-  _globals['_ROLLOUTSERVICE']._serialized_end=2032
+  _globals['_TOOLOUTCOME']._serialized_start=1767
+  _globals['_TOOLOUTCOME']._serialized_end=1911
+  _globals['_FINISHREASON']._serialized_start=1914
+  _globals['_FINISHREASON']._serialized_end=2103
+  _globals['_SAMPLINGPARAMS']._serialized_start=67
+  _globals['_SAMPLINGPARAMS']._serialized_end=563
+  _globals['_PROBLEM']._serialized_start=565
+  _globals['_PROBLEM']._serialized_end=620
+  _globals['_ROLLOUTREQUEST']._serialized_start=623
+  _globals['_ROLLOUTREQUEST']._serialized_end=770
+  _globals['_TOOLCALL']._serialized_start=773
+  _globals['_TOOLCALL']._serialized_end=949
+  _globals['_TRAJECTORY']._serialized_start=952
+  _globals['_TRAJECTORY']._serialized_end=1347
+  _globals['_INFOREQUEST']._serialized_start=1349
+  _globals['_INFOREQUEST']._serialized_end=1362
+  _globals['_ENGINEINFO']._serialized_start=1365
+  _globals['_ENGINEINFO']._serialized_end=1523
+  _globals['_INFORESPONSE']._serialized_start=1525
+  _globals['_INFORESPONSE']._serialized_end=1626
+  _globals['_WEIGHTCHUNK']._serialized_start=1628
+  _globals['_WEIGHTCHUNK']._serialized_end=1655
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1657
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1764
+  _globals['_ROLLOUTSERVICE']._serialized_start=2106
+  _globals['_ROLLOUTSERVICE']._serialized_end=2404
 # @@protoc_insertion_point(module_scope)

@@ -36,20 +36,34 @@ FINISH_REASON_MAX_LENGTH: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "max_response_tokens", "max_turns", "seed", "n")
+    __slots__ = ("temperature", "top_p", "max_response_tokens", "max_turns", "seed", "n", "count_tool_tokens", "max_tokens_per_turn", "max_context_tokens", "max_tool_calls_per_turn", "max_tool_response_chars", "tool_timeout_s", "system_prompt")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     MAX_RESPONSE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    COUNT_TOOL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_PER_TURN_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_PER_TURN_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_RESPONSE_CHARS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     max_response_tokens: int
     max_turns: int
     seed: int
     n: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_response_tokens: _Optional[int] = ..., max_turns: _Optional[int] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+    count_tool_tokens: bool
+    max_tokens_per_turn: int
+    max_context_tokens: int
+    max_tool_calls_per_turn: int
+    max_tool_response_chars: int
+    tool_timeout_s: float
+    system_prompt: str
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_response_tokens: _Optional[int] = ..., max_turns: _Optional[int] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., count_tool_tokens: _Optional[bool] = ..., max_tokens_per_turn: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., max_tool_calls_per_turn: _Optional[int] = ..., max_tool_response_chars: _Optional[int] = ..., tool_timeout_s: _Optional[float] = ..., system_prompt: _Optional[str] = ...) -> None: ...
 
 class Problem(_message.Message):
     __slots__ = ("id", "question", "answer")

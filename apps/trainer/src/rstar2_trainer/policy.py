@@ -1,0 +1,209 @@
+"""The policy being trained, behind one interface: in the driver, or on FSDP2 training ranks.
+
+    Policy.update(kept, advantages, lr, temperature)  one RL update (mini-batches x epochs)
+    Policy.sync(parts)                                 the weights into the rollout engines
+    Policy.load_from(model)                            the driver's weights in (after SFT)
+    Policy.save(checkpoints, step, state)              the run's checkpoint of this step
+    Policy.restore(checkpoint)                         back to a checkpoint
+    Policy.reset_optimizer()                           a fresh optimizer (a stage switch)
+    Policy.export_into(model)                          the trained weights into the driver's model
+
+`open_policy` chooses the implementation once: `DriverPolicy` (the model and AdamW in this
+process) or `worker_policy.WorkerPolicy` (`cluster.train_workers` ranks). Both run the same
+training step, `distributed.train_step`, with the same loss (`update.WorkerPolicyLoss`): the
+driver is a world of one, so there is one micro-batching implementation.
+
+An update is PPO-style: the kept batch is cut into `optim.mini_batches` contiguous mini-batches
+and passed over `optim.epochs` times, one optimizer step per mini-batch. With more than one step
+the "old" logprobs are computed once before the first step with the policy that rolled out (the
+synced weights), so the importance ratio moves and Clip-Higher and the dual clip act; with one
+step (the default, as in the public port) the old logprobs are the step's own, detached (ratio 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from rstar2_rollout.trajectory import Trajectory
+from rstar2_trainer.batching import response_logprobs, token_budget_chunks
+from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
+from rstar2_trainer.config import TrainerConfig
+from rstar2_trainer.distributed import Row, StepResult, make_micro_batch, train_step
+from rstar2_trainer.precision import Precision
+from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
+
+
+class Policy(Protocol):
+    """The trained policy (see the module docstring)."""
+
+    async def update(
+        self, kept: Sequence[Trajectory], advantages: torch.Tensor, *, lr: float, temperature: float
+    ) -> dict[str, float]: ...
+
+    async def sync(self, parts: Any) -> dict[str, float]: ...
+
+    async def load_from(self, model: torch.nn.Module) -> None: ...
+
+    async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None: ...
+
+    async def restore(self, checkpoint: Checkpoint) -> None: ...
+
+    async def reset_optimizer(self) -> None: ...
+
+    async def export_into(self, model: torch.nn.Module) -> None: ...
+
+
+def mini_batches(rows: Sequence[Row], count: int) -> list[list[Row]]:
+    """`rows` cut into `count` contiguous, near-equal mini-batches (fewer when rows are few)."""
+    count = max(1, min(count, len(rows)))
+    size, extra = divmod(len(rows), count)
+    out, start = [], 0
+    for k in range(count):
+        end = start + size + (1 if k < extra else 0)
+        out.append(list(rows[start:end]))
+        start = end
+    return out
+
+
+def merge_steps(steps: Sequence[StepResult]) -> dict[str, float]:
+    """One update's metrics: the means over its optimizer steps, and how many there were."""
+    n = len(steps)
+    keys = sorted({k for s in steps for k in s.metrics})
+    out = {
+        "loss": sum(s.loss for s in steps) / n,
+        "grad_norm": sum(s.grad_norm for s in steps) / n,
+        "train_tokens": steps[0].tokens if n == 1 else sum(s.tokens for s in steps),
+        "train_micro_batches": max(s.micro_batches for s in steps),
+        "optim_steps": n,
+    }
+    for key in keys:
+        out[key] = sum(s.metrics.get(key, 0.0) for s in steps) / n
+    return out
+
+
+class DriverPolicy:
+    """The policy and its AdamW in this process, stepped by `train_step` as a world of one."""
+
+    def __init__(
+        self, model: torch.nn.Module, config: TrainerConfig, precision: Precision, *, pad_id: int
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.precision = precision
+        self.pad_id = pad_id
+        self.loss = WorkerPolicyLoss(config.algo)
+        self.optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        o = self.config.optim
+        return make_optimizer(self.model, o.lr, o.betas, o.weight_decay)
+
+    async def update(
+        self, kept: Sequence[Trajectory], advantages: torch.Tensor, *, lr: float, temperature: float
+    ) -> dict[str, float]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        o = self.config.optim
+        rows = policy_rows(kept, advantages)
+        if o.mini_batches * o.epochs > 1:
+            rows = self._with_old_logprobs(rows, temperature)
+        steps = []
+        for _ in range(o.epochs):
+            for part in mini_batches(rows, o.mini_batches):
+                with self.precision.autocast():
+                    steps.append(
+                        train_step(
+                            self.model,
+                            self.optimizer,
+                            part,
+                            self.loss,
+                            pad_id=self.pad_id,
+                            micro_batch_tokens=o.micro_batch_tokens,
+                            max_grad_norm=o.grad_clip,
+                            device=self.precision.device,
+                            normalize_by=self.loss.normalize_by,
+                            temperature=temperature,
+                            with_entropy=True,
+                        )
+                    )
+        self.model.eval()
+        return merge_steps(steps)
+
+    @torch.no_grad()
+    def _with_old_logprobs(self, rows: list[Row], temperature: float) -> list[Row]:
+        """Each row with `values["old_logp"]`: the current (rollout) policy's token logprobs."""
+        self.model.eval()
+        lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+        out = list(rows)
+        for chunk in token_budget_chunks(lengths, self.config.optim.micro_batch_tokens):
+            mb = make_micro_batch([rows[i] for i in chunk], self.pad_id, self.precision.device)
+            with self.precision.autocast():
+                logp, _ = response_logprobs(self.model, mb.batch, temperature=temperature)  # [B, T]
+            for j, i in enumerate(chunk):
+                n = len(rows[i].response_ids)
+                values = {**rows[i].values, "old_logp": logp[j, :n].float().cpu().tolist()}
+                out[i] = Row(rows[i].prompt_ids, rows[i].response_ids, rows[i].loss_mask, values)
+        return out
+
+    async def sync(self, parts: Any) -> dict[str, float]:
+        from rstar2_trainer.weight_sync import push_weights
+
+        if parts.remote is not None:
+            return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
+        return (await push_weights(parts.engines, self.model.state_dict().items())).as_metrics()
+
+    async def load_from(self, model: torch.nn.Module) -> None:
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+
+    async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None:
+        save_checkpoint(
+            checkpoints,
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            state=state,
+            keep=self.config.run.keep_checkpoints,
+        )
+
+    async def restore(self, checkpoint: Checkpoint) -> None:
+        if checkpoint.model is None:
+            raise FileNotFoundError(
+                f"{checkpoint.path} holds no model.pt: it was written with training workers; "
+                "resume with the run's cluster.train_workers"
+            )
+        self.model.load_state_dict(checkpoint.model)
+        if checkpoint.optimizer is not None:
+            self.optimizer.load_state_dict(checkpoint.optimizer)
+
+    async def reset_optimizer(self) -> None:
+        self.optimizer = self._new_optimizer()
+
+    async def export_into(self, model: torch.nn.Module) -> None:
+        if model is not self.model:  # the driver's own model is the policy: nothing to copy
+            model.load_state_dict(self.model.state_dict())
+
+
+@contextlib.asynccontextmanager
+async def open_policy(
+    config: TrainerConfig,
+    model: torch.nn.Module,
+    model_dir: Path,
+    precision: Precision,
+    *,
+    pad_id: int,
+) -> AsyncIterator[Policy]:
+    """The run's policy: on `cluster.train_workers` FSDP2 ranks, or in the driver."""
+    from rstar2_trainer.worker_policy import open_worker_policy
+
+    async with open_worker_policy(config, model_dir, pad_id=pad_id) as workers:
+        yield (
+            workers
+            if workers is not None
+            else DriverPolicy(model, config, precision, pad_id=pad_id)
+        )
