@@ -7,7 +7,8 @@ rollout package builds (`rstar2_rollout.build_engine`) and grades them with rsta
 
 - `mode="plain"`: one turn per sample with the paper's system prompt without the tool (the
   instruction: reason in `<reason>`, answer in `<answer>`), the question in the paper's user
-  template, the `<reason>` generation prefix; the whole response is graded.
+  template, the `<reason>` generation prefix; the whole response is graded (rstar2-verify
+  finds the last `<answer>` / `\\boxed{}` in it).
 - `mode="agent"`: the rollout package's agent loop with the Python tool on a sandbox; the final
   `<answer>` block is graded, as the trainer grades a rollout.
 
@@ -28,6 +29,7 @@ from rstar2_curriculum.config import LabelCheckConfig
 from rstar2_curriculum.problem import Problem
 from rstar2_curriculum.rows import MissingExtraError
 
+_ANSWERS_KEPT = 4
 EXTRA_HINT = 'the label check needs: pip install "rstar2-curriculum[label-check]"'
 
 
@@ -39,6 +41,9 @@ class Verdict(BaseModel):
     samples: int
     agree: int
     kept: bool
+    answers: list[str | None] = Field(
+        default_factory=list, description="The answers graded (first few), None where none."
+    )
 
 
 class LabelCheckReport(BaseModel):
@@ -55,19 +60,32 @@ class LabelCheckReport(BaseModel):
 
 
 def keep_verified(
-    problems: Sequence[Problem], correct: Mapping[str, Sequence[bool]], m: int, k: int = 0
+    problems: Sequence[Problem],
+    correct: Mapping[str, Sequence[bool]],
+    m: int,
+    k: int = 0,
+    answers: Mapping[str, Sequence[str | None]] | None = None,
 ) -> tuple[list[Problem], LabelCheckReport]:
     """Keep the problems with at least `m` samples marked correct; order is kept.
 
-    A problem with no samples counts 0 matches. `k` is only recorded (0: the most samples seen).
+    A problem with no samples counts 0 matches. `k` is only recorded (0: the most samples seen);
+    `answers` (what each sample answered) go into the verdicts, the first few per problem.
     """
     verdicts, kept, histogram = [], [], {}
     for problem in problems:
         marks = correct.get(problem.id, ())
         agree = sum(bool(x) for x in marks)
         keep = agree >= m
+        said = list((answers or {}).get(problem.id, ()))[:_ANSWERS_KEPT]
         verdicts.append(
-            Verdict(id=problem.id, label=problem.answer, samples=len(marks), agree=agree, kept=keep)
+            Verdict(
+                id=problem.id,
+                label=problem.answer,
+                samples=len(marks),
+                agree=agree,
+                kept=keep,
+                answers=said,
+            )
         )
         histogram[agree] = histogram.get(agree, 0) + 1
         if keep:
@@ -119,7 +137,7 @@ async def _plain_samples(
         endings[gen.finish_reason] = endings.get(gen.finish_reason, 0) + 1
         if gen.finish_reason in ("error", "abort"):
             return ""
-        return "<reason>" + tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        return tokenizer.decode(gen.token_ids, skip_special_tokens=True)
 
     texts = await asyncio.gather(*(one(p, i) for p in problems for i in range(config.k)))
     out: dict[str, list[str]] = {}
@@ -180,6 +198,8 @@ async def check_labels(
         texts, endings = await _plain_samples(problems, engine, tokenizer, config)
     pairs = [(text, p.answer) for p in problems for text in texts[p.id]]
     grades = iter(await agrade_many(pairs))
-    correct = {p.id: [next(grades).correct for _ in texts[p.id]] for p in problems}
-    kept, report = keep_verified(problems, correct, config.m, config.k)
+    per_problem = {p.id: [next(grades) for _ in texts[p.id]] for p in problems}
+    correct = {i: [g.correct for g in gs] for i, gs in per_problem.items()}
+    said = {i: [g.extracted for g in gs] for i, gs in per_problem.items()}
+    kept, report = keep_verified(problems, correct, config.m, config.k, said)
     return kept, report.model_copy(update={"finish_reasons": dict(sorted(endings.items()))})
