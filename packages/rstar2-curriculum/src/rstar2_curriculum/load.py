@@ -143,8 +143,8 @@ def _collect(
                 raise missing_fields_error(f"{source} (preset {preset})", lacking, first)
         else:
             needed = [fields.question, fields.answer]
-            lacking = [f for f in needed if report.skipped.get(f"missing_field:{f}")]
-            if lacking and sum(report.skipped.values()) == report.rows:
+            lacking = [f for f in needed if get_path(first, f) is None]
+            if lacking and any(r.startswith("missing_field:") for r in report.skipped):
                 raise missing_fields_error(source, lacking, first)
     return LoadResult(problems, report)
 
