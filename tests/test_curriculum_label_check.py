@@ -23,8 +23,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def test_loaded_sft_examples_encode_with_the_agent_loops_encoder(tmp_path, tiny_model):
-    from rstar2_rollout.chat import encode_conversation
     from transformers import AutoTokenizer
+
+    from rstar2_rollout.chat import encode_conversation
 
     rows = [
         {"instruction": "Say hi.", "output": "Hi!"},

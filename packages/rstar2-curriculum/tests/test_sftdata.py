@@ -169,3 +169,21 @@ def test_a_source_with_no_usable_row_is_one_line_naming_fields(tmp_path):
     assert "\n" not in message
     assert "missing_field:messages x2" in message and "instruction, output" in message
     assert "try format: auto" in message
+
+
+def test_the_sft_command_writes_the_checked_mixture_and_its_report(tmp_path, capsys):
+    from rstar2_curriculum import read_sft_jsonl
+    from rstar2_curriculum.cli import main
+
+    chat = tmp_path / "chat.jsonl"
+    write_sft_jsonl(_traces(2), chat)
+    inst = _jsonl(tmp_path / "inst.jsonl", [INSTRUCTION, {"instruction": "no output"}])
+    out, report = tmp_path / "mix.jsonl", tmp_path / "r.json"
+    assert main(["sft", str(chat), str(inst), "--out", str(out), "--report", str(report)]) == 0
+    assert len(list(read_sft_jsonl(out))) == 3
+    assert "missing_field:output" in capsys.readouterr().out
+    sources = json.loads(report.read_text())["sources"]
+    assert [(s["valid"], s["skipped"]) for s in sources] == [
+        (2, {}),
+        (1, {"missing_field:output": 1}),
+    ]
