@@ -108,7 +108,9 @@ def test_declared_edges_are_agreed(member):
 def test_optional_edges_stay_out_of_the_base_install(member):
     project = tomllib.loads((MEMBERS[member] / "pyproject.toml").read_text())["project"]
     base = {_name(r) for r in project.get("dependencies", [])}
-    assert not base & OPTIONAL_ONLY[member], f"{member} needs {sorted(base & OPTIONAL_ONLY[member])}"
+    assert not base & OPTIONAL_ONLY[member], (
+        f"{member} needs {sorted(base & OPTIONAL_ONLY[member])}"
+    )
 
 
 @pytest.mark.parametrize("member", sorted(ALLOWED))
