@@ -14,18 +14,22 @@ import pytest
 from rstar2_curriculum import LabelCheckConfig, Problem, SFTSourceConfig, load_sft
 from rstar2_curriculum.labels import check_labels
 
+# A small corpus keeps the tokenizer's training short on a loaded machine.
+CORPUS = [
+    f"What is {i} times {i + 3}? <reason> compute </reason> {i * (i + 3)}" for i in range(200)
+]
+
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     from rstar2_rollout.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0, vocab_size=512, corpus=CORPUS)
 
 
-def test_loaded_sft_examples_encode_with_the_agent_loops_encoder(tmp_path, tiny_model):
-    from transformers import AutoTokenizer
-
+def test_loaded_sft_examples_encode_with_the_agent_loops_encoder(tmp_path):
     from rstar2_rollout.chat import encode_conversation
+    from rstar2_rollout.tiny import build_tokenizer
 
     rows = [
         {"instruction": "Say hi.", "output": "Hi!"},
@@ -48,7 +52,7 @@ def test_loaded_sft_examples_encode_with_the_agent_loops_encoder(tmp_path, tiny_
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = load_sft([SFTSourceConfig(path=str(path))], seed=0)
     assert len(result.examples) == 3
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer = build_tokenizer(0, 512, CORPUS)
     for example in result.examples:
         ids, mask = encode_conversation(tokenizer, example.messages, example.tools)
         assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)

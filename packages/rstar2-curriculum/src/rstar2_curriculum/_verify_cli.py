@@ -107,10 +107,9 @@ async def _run(args: argparse.Namespace, loaded: LoadResult, config: LabelCheckC
         return await check_labels(problems, engine, tokenizer, config, sandbox=sandbox)
 
 
-def run(args: argparse.Namespace, loaded: LoadResult) -> None:
-    """Check the labels of `loaded`'s problems; write the kept ones and the report."""
-    require_extra()
-    config = LabelCheckConfig(
+def settings(args: argparse.Namespace) -> LabelCheckConfig:
+    """The check's settings from the flags (validated before anything is loaded)."""
+    return LabelCheckConfig(
         k=args.k,
         m=args.m,
         mode=args.mode,
@@ -122,6 +121,11 @@ def run(args: argparse.Namespace, loaded: LoadResult) -> None:
         max_concurrency=args.max_concurrency,
         seed=args.seed,
     )
+
+
+def run(args: argparse.Namespace, loaded: LoadResult, config: LabelCheckConfig) -> None:
+    """Check the labels of `loaded`'s problems; write the kept ones and the report."""
+    require_extra()
     kept, report = asyncio.run(_run(args, loaded, config))
     write_jsonl(kept, args.out)
     histogram = ", ".join(f"{a}: {n}" for a, n in report.agree_histogram.items())

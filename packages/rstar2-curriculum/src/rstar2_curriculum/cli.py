@@ -125,11 +125,12 @@ def _sft(args: argparse.Namespace) -> None:
 
 
 def _verify_labels(args: argparse.Namespace) -> None:
-    from rstar2_curriculum._verify_cli import run
+    from rstar2_curriculum._verify_cli import run, settings
 
+    config = settings(args)
     loaded = _load(args.input, args.format, _fields(args), args.preset)
     print(loaded.report.table())
-    run(args, loaded)
+    run(args, loaded, config)
 
 
 def _problem_args(p: argparse.ArgumentParser) -> None:
@@ -234,8 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run(args)
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "input"
-        print(f"rstar2-curriculum {args.command}: {where}: {first['msg']}", file=sys.stderr)
+        where = ".".join(str(part) for part in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        message = f"{where}: {message}" if where else message
+        print(f"rstar2-curriculum {args.command}: {message}", file=sys.stderr)
         return 2
     except (DataError, ImportError, ValueError, OSError) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
