@@ -54,7 +54,7 @@ def test_loaded_sft_examples_encode_with_the_agent_loops_encoder(tmp_path):
     assert len(result.examples) == 3
     tokenizer = build_tokenizer(0, 512, CORPUS)
     for example in result.examples:
-        ids, mask = encode_conversation(tokenizer, example.messages, example.tools)
+        ids, mask = encode_conversation(tokenizer, example.messages, example.tools)  # type: ignore[arg-type]
         assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
         trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
         assert example.messages[-1].content.removeprefix("<reason>") in trained
