@@ -22,13 +22,16 @@ MEMBERS = {
 }
 
 # The agreed edges (STYLE.md), by distribution name. The evaluator starts a sandbox server for
-# the tool, so it may name rstar2-sandbox as well (ARCHITECTURE.md says why).
+# the tool, so it may name rstar2-sandbox as well (ARCHITECTURE.md says why). The curriculum's
+# label check (`verify-labels`) samples with the rollout package's engines and agent loop (on a
+# sandbox) and grades with rstar2-verify: those edges exist only through its optional
+# `label-check` extra (OPTIONAL_ONLY), so its base install stays pydantic-only and torch-free.
 ALLOWED: dict[str, set[str]] = {
     "rstar2-proto": set(),
     "rstar2-sandbox": {"rstar2-proto"},
     "rstar2-verify": {"rstar2-proto"},
     "rstar2-algos": set(),
-    "rstar2-curriculum": set(),
+    "rstar2-curriculum": {"rstar2-rollout", "rstar2-verify", "rstar2-sandbox"},
     "rstar2-rollout": {"rstar2-proto", "rstar2-sandbox"},
     "rstar2-trainer": {
         "rstar2-proto",
@@ -45,6 +48,9 @@ ALLOWED: dict[str, set[str]] = {
         "rstar2-verify",
         "rstar2-curriculum",
     },
+}
+OPTIONAL_ONLY: dict[str, set[str]] = {
+    "rstar2-curriculum": {"rstar2-rollout", "rstar2-verify", "rstar2-sandbox"},
 }
 NO_TORCH = [
     "rstar2-proto",
@@ -96,6 +102,15 @@ def test_the_workspace_lists_every_member_explicitly():
 def test_declared_edges_are_agreed(member):
     extra = declared(member) - ALLOWED[member]
     assert not extra, f"{member} declares {sorted(extra)}, not an agreed edge (STYLE.md)"
+
+
+@pytest.mark.parametrize("member", sorted(OPTIONAL_ONLY))
+def test_optional_edges_stay_out_of_the_base_install(member):
+    project = tomllib.loads((MEMBERS[member] / "pyproject.toml").read_text())["project"]
+    base = {_name(r) for r in project.get("dependencies", [])}
+    assert not base & OPTIONAL_ONLY[member], (
+        f"{member} needs {sorted(base & OPTIONAL_ONLY[member])}"
+    )
 
 
 @pytest.mark.parametrize("member", sorted(ALLOWED))

@@ -8,8 +8,11 @@ from rstar2_curriculum.config import (
     FieldMap,
     HFSource,
     JsonlSource,
+    LabelCheckConfig,
     ParquetSource,
     PlateauTrigger,
+    SFTSourceConfig,
+    SFTSources,
     Stage,
     SyntheticSource,
     ThresholdTrigger,
@@ -19,6 +22,7 @@ from rstar2_curriculum.convert import ConvertReport, convert_rows, normalise_too
 from rstar2_curriculum.curriculum import Batch, Curriculum
 from rstar2_curriculum.decontaminate import NgramIndex
 from rstar2_curriculum.difficulty import DifficultyTracker
+from rstar2_curriculum.labels import LabelCheckReport, keep_verified
 from rstar2_curriculum.load import (
     DataError,
     LoadReport,
@@ -30,8 +34,10 @@ from rstar2_curriculum.load import (
     write_jsonl,
 )
 from rstar2_curriculum.plan import StagePlan, StageSwitch, StepMetrics
-from rstar2_curriculum.prepare import Prepared, prepare
+from rstar2_curriculum.prepare import Decontamination, Prepared, PrepareReport, prepare
+from rstar2_curriculum.presets import strip_instructions
 from rstar2_curriculum.problem import Problem
+from rstar2_curriculum.rows import MissingExtraError
 from rstar2_curriculum.sft import (
     PYTHON_TOOL_NAME,
     Message,
@@ -41,6 +47,7 @@ from rstar2_curriculum.sft import (
     render_tool_call,
     write_sft_jsonl,
 )
+from rstar2_curriculum.sftdata import SFTLoadResult, SFTReport, SFTSourceReport, load_sft
 from rstar2_curriculum.synthetic import FAMILIES, generate_problems
 from rstar2_curriculum.traces import sft_traces
 
@@ -55,21 +62,31 @@ __all__ = [
     "Curriculum",
     "CurriculumConfig",
     "DataError",
+    "Decontamination",
     "DifficultyConfig",
     "DifficultyTracker",
     "Dropped",
     "FieldMap",
     "HFSource",
     "JsonlSource",
+    "LabelCheckConfig",
+    "LabelCheckReport",
     "LoadReport",
     "LoadResult",
     "Message",
+    "MissingExtraError",
     "NgramIndex",
     "ParquetSource",
     "PlateauTrigger",
+    "PrepareReport",
     "Prepared",
     "Problem",
     "SFTExample",
+    "SFTLoadResult",
+    "SFTReport",
+    "SFTSourceConfig",
+    "SFTSourceReport",
+    "SFTSources",
     "Stage",
     "StagePlan",
     "StageSwitch",
@@ -80,10 +97,12 @@ __all__ = [
     "clean",
     "convert_rows",
     "generate_problems",
+    "keep_verified",
     "load_hf",
     "load_jsonl",
     "load_parquet",
     "load_problems",
+    "load_sft",
     "normalise_answer",
     "normalise_tool",
     "prepare",
@@ -91,6 +110,7 @@ __all__ = [
     "render_python_call",
     "render_tool_call",
     "sft_traces",
+    "strip_instructions",
     "write_jsonl",
     "write_sft_jsonl",
 ]

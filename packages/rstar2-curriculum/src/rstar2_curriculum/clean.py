@@ -15,7 +15,7 @@ Rules, in order; each dropped problem is recorded with its reason and a detail:
 4. `contaminated`: an n-gram (n = 8) shared with an evaluation problem.
 
 The paper's model-based label check (keep problems a strong model answers like the label at least
-twice) needs rollouts; `DifficultyTracker.verified_subset` applies it once they exist.
+twice) needs a model: labels.py and `rstar2-curriculum verify-labels`.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ weighted by difficulty (`DifficultyConfig`) and which stage plan runs (`plan`, o
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, model_validator
+
+Preset = Literal["dapo", "openmathreasoning", "project_euler", "verl"]
 
 
 class _Frozen(BaseModel):
@@ -39,6 +41,12 @@ class FieldMap(_Frozen):
     )
 
 
+def _check_preset(source: Any) -> Any:
+    if source.preset is not None and "fields" in source.model_fields_set:
+        raise ValueError("give either `preset` or `fields`, not both")
+    return source
+
+
 class SyntheticSource(_Frozen):
     """Problems made by `generate_problems` (no files needed)."""
 
@@ -58,7 +66,14 @@ class JsonlSource(_Frozen):
     kind: Literal["jsonl"] = "jsonl"
     path: str = Field(description="Path of the .jsonl file.")
     fields: FieldMap = Field(default_factory=FieldMap, description="Row-to-Problem mapping.")
+    preset: Preset | None = Field(
+        default=None, description="A named row mapping (dapo, verl, ...) instead of `fields`."
+    )
     source: str = Field(default="", description="Source label; empty: the file's stem.")
+
+    @model_validator(mode="after")
+    def _preset_or_fields(self) -> Any:
+        return _check_preset(self)
 
 
 class ParquetSource(_Frozen):
@@ -67,7 +82,14 @@ class ParquetSource(_Frozen):
     kind: Literal["parquet"] = "parquet"
     path: str = Field(description="Path of the .parquet file.")
     fields: FieldMap = Field(default_factory=FieldMap, description="Row-to-Problem mapping.")
+    preset: Preset | None = Field(
+        default=None, description="A named row mapping (dapo, verl, ...) instead of `fields`."
+    )
     source: str = Field(default="", description="Source label; empty: the file's stem.")
+
+    @model_validator(mode="after")
+    def _preset_or_fields(self) -> Any:
+        return _check_preset(self)
 
 
 class HFSource(_Frozen):
@@ -85,12 +107,103 @@ class HFSource(_Frozen):
         default=None, description="Where `load_dataset` caches; None: the datasets default."
     )
     fields: FieldMap = Field(default_factory=FieldMap, description="Row-to-Problem mapping.")
+    preset: Preset | None = Field(
+        default=None, description="A named row mapping (dapo, verl, ...) instead of `fields`."
+    )
     source: str = Field(default="", description="Source label; empty: the path's last part.")
+
+    @model_validator(mode="after")
+    def _preset_or_fields(self) -> Any:
+        return _check_preset(self)
 
 
 SourceConfig = Annotated[
     SyntheticSource | JsonlSource | ParquetSource | HFSource, Field(discriminator="kind")
 ]
+
+
+# ---------------------------------------------------------------------------- SFT data
+
+SFTFormat = Literal[
+    "auto", "chat", "function_call", "openai", "sharegpt", "glaive", "xlam", "instruction"
+]
+
+
+class SFTSourceConfig(_Frozen):
+    """One SFT data source: a file or a saved dataset, its row format and its share."""
+
+    path: str = Field(description="A .jsonl or .parquet file, or a save_to_disk folder.")
+    format: SFTFormat = Field(
+        default="auto",
+        description="chat: this package's SFT rows; openai/sharegpt/glaive/xlam/instruction: a "
+        "converter's source format; function_call: any of the function-calling ones; auto: "
+        "told apart per row.",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        description="Uses of each example per epoch: 2 repeats every example, 0.5 keeps a "
+        "seeded random half.",
+    )
+    split: str = Field(default="train", description="Split of a saved DatasetDict.")
+    limit: int | None = Field(
+        default=None, gt=0, description="Keep at most this many valid examples (file order)."
+    )
+    assistant: Literal["wrap", "require"] = Field(
+        default="wrap",
+        description="Assistant turns without the <reason> prefix: wrap them in the paper's turn "
+        "shape, or skip the row (require).",
+    )
+    name: str = Field(default="", description="Label in reports and ids; empty: the file stem.")
+
+
+def _as_sources(value: Any) -> Any:
+    """`PATH` (one chat-format source), one source, or a list of paths / sources."""
+    if isinstance(value, str):
+        return (SFTSourceConfig(path=value, format="chat"),) if value else ()
+    if isinstance(value, dict | SFTSourceConfig):
+        return (value,)
+    if isinstance(value, list | tuple):
+        return tuple(
+            SFTSourceConfig(path=v, format="chat") if isinstance(v, str) else v for v in value
+        )
+    return value
+
+
+SFTSources = Annotated[tuple[SFTSourceConfig, ...], BeforeValidator(_as_sources)]
+"""A field type for apps: accepts `PATH`, a source, or a list of paths and sources."""
+
+
+# ---------------------------------------------------------------------------- label check
+
+
+class LabelCheckConfig(_Frozen):
+    """The paper's label check: sample k answers per problem, keep it when m agree with the label."""
+
+    k: int = Field(default=16, gt=0, description="Samples per problem (paper: 16, Qwen3-32B).")
+    m: int = Field(default=2, gt=0, description="Samples that must match the label (paper: 2).")
+    mode: Literal["plain", "agent"] = Field(
+        default="plain",
+        description="plain: one turn with the paper's system prompt and no tool; agent: the "
+        "rollout package's agent loop with the Python tool (needs a sandbox).",
+    )
+    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_response_tokens: int = Field(
+        default=8192, gt=0, description="Response budget per sample (all turns in agent mode)."
+    )
+    max_turns: int = Field(default=10, gt=0, description="Turns per sample in agent mode.")
+    system_prompt: Literal["paper", "compact"] = Field(
+        default="paper", description="The paper's system prompt, or the compact one (tiny models)."
+    )
+    max_concurrency: int = Field(default=64, gt=0, description="Samples in flight at once.")
+    seed: int = Field(default=0, description="Seed; per-sample seeds derive from it.")
+
+    @model_validator(mode="after")
+    def _m_at_most_k(self) -> LabelCheckConfig:
+        if self.m > self.k:
+            raise ValueError(f"m ({self.m}) cannot exceed k ({self.k})")
+        return self
 
 
 # ---------------------------------------------------------------------------- cleaning

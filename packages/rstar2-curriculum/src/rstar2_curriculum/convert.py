@@ -336,6 +336,21 @@ def detect_format(row: dict[str, Any]) -> str:
     return "instruction"
 
 
+def convert_row(row: Any, fmt: Format = "auto", ident: str = "") -> SFTExample:
+    """Convert one row; raises ConvertError whose message is the counted reason."""
+    try:
+        if not isinstance(row, dict):
+            raise ConvertError("not_an_object")
+        kind = detect_format(row) if fmt == "auto" else fmt
+        return _CONVERTERS[kind](row, ident)
+    except ConvertError:
+        raise
+    except ValidationError:
+        raise ConvertError("invalid_example") from None
+    except (TypeError, AttributeError, KeyError):  # a field of an unexpected shape
+        raise ConvertError("malformed_row") from None
+
+
 def convert_rows(
     rows: Iterable[Any], fmt: Format = "auto", source: str = "sft"
 ) -> tuple[list[SFTExample], ConvertReport]:
@@ -344,18 +359,9 @@ def convert_rows(
     for index, row in enumerate(rows):
         report.rows += 1
         try:
-            if not isinstance(row, dict):
-                raise ConvertError("not_an_object")
-            kind = detect_format(row) if fmt == "auto" else fmt
-            examples.append(_CONVERTERS[kind](row, f"{source}/{index}"))
+            examples.append(convert_row(row, fmt, f"{source}/{index}"))
         except ConvertError as error:
             reason = str(error)
-        except ValidationError:
-            reason = "invalid_example"
-        except (TypeError, AttributeError, KeyError):  # a field of an unexpected shape
-            reason = "malformed_row"
-        else:
-            continue
-        report.skipped[reason] = report.skipped.get(reason, 0) + 1
+            report.skipped[reason] = report.skipped.get(reason, 0) + 1
     report.converted = len(examples)
     return examples, report
