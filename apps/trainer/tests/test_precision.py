@@ -123,7 +123,7 @@ def test_bf16_sft_lowers_the_loss():
         lr=3e-3,
         warmup_ratio=0.1,
         seed=0,
-        pad_id=0,
+        micro_batch_tokens=64,
         precision=BF16_CPU,
     )
     assert result.last_loss < result.first_loss - 0.5
@@ -174,7 +174,7 @@ def test_a_bf16_trained_policy_syncs_into_a_bf16_vllm_engine(tmp_path):
         lr=1e-2,
         warmup_ratio=0.0,
         seed=0,
-        pad_id=0,
+        micro_batch_tokens=64,
         precision=BF16_CPU,
     )
     config = VLLMEngineConfig(

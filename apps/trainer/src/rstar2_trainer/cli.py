@@ -1,8 +1,10 @@
 """`rstar2-train [RECIPE] [a.b=value ...]`, `rstar2-train --resume RUN_DIR`, and
 `rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder).
 
-A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run) is
-one line on stderr and exit code 2, never a traceback. A service that fails (a port in use, a
+A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run, data
+that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr and
+exit code 2, never a traceback; the data is read before the run directory is made, so a
+mistake leaves nothing behind. A service that fails (a port in use, a
 server that dies, a Ray cluster without room for the run) is one line and
 exit code 1; the run can then be resumed.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from rstar2_curriculum import DataError
 from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
 from rstar2_trainer.rundir import new_run_dir, write_config
 from rstar2_trainer.servers import ServerError
@@ -57,7 +60,8 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path, bool]:
+def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool]:
+    """The config, the run directory (None: a new one, made later) and whether it resumes."""
     if args.resume:
         run_dir = Path(args.resume)
         saved = run_dir / "config.yaml"
@@ -71,16 +75,12 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path, bool]:
     if "=" in recipe:  # `rstar2-train a.b=1` means the default recipe with an override
         recipe, overrides = "tiny", [recipe, *overrides]
     config = load_config(recipe, overrides)
-    if config.run.output_dir is not None:
-        run_dir = config.run.output_dir
-        if (run_dir / "checkpoints" / "latest").exists():
-            raise ConfigError(
-                f"{run_dir} already holds a run: resume it with --resume {run_dir} "
-                f"or choose another run.output_dir"
-            )
-        run_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        run_dir = new_run_dir(config.run.runs_root, config.run.name)
+    run_dir = config.run.output_dir
+    if run_dir is not None and (run_dir / "checkpoints" / "latest").exists():
+        raise ConfigError(
+            f"{run_dir} already holds a run: resume it with --resume {run_dir} "
+            f"or choose another run.output_dir"
+        )
     return config, run_dir, False
 
 
@@ -97,20 +97,28 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(*_split(args))
             print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
             return 0
-        config, run_dir, resume = _resolve(args)
+        config, where, resume = _resolve(args)
         from rstar2_trainer.build import check_local_engines
+        from rstar2_trainer.data import load_run_data, write_reports
 
         check_local_engines(config)
-    except ConfigError as exc:
+        data = load_run_data(config, resume=resume)
+    except (ConfigError, DataError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 2
+    if where is None:
+        run_dir = new_run_dir(config.run.runs_root, config.run.name)
+    else:
+        run_dir = where
+        run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         write_config(run_dir, config)
+        write_reports(data, run_dir)
     from rstar2_trainer.cluster import ClusterError
     from rstar2_trainer.train import run
 
     try:
-        run(config, run_dir, resume=resume)
+        run(config, run_dir, resume=resume, data=data)
     except (ServerError, ClusterError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1

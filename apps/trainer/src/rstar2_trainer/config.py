@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rstar2_algos import AlgoConfig, GrpoRocConfig
-from rstar2_curriculum import CurriculumConfig
+from rstar2_curriculum import CurriculumConfig, SFTSources
 from rstar2_rollout import RolloutConfig, SchedulerConfig
 from rstar2_sandbox import SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
@@ -70,9 +70,14 @@ ModelConfig = Annotated[TinyModelConfig | PretrainedModelConfig, Field(discrimin
 
 
 class SFTConfig(_Section):
-    """Non-reasoning SFT on synthetic tool-call traces, to teach the format."""
+    """Non-reasoning SFT: tool-call chat data (`source`), or synthetic traces (the tiny recipe)."""
 
     enabled: bool = Field(default=True, description="Run SFT before RL.")
+    source: SFTSources = Field(
+        default=(),
+        description="SFT data: PATH (one chat-format JSONL/Parquet file), or a list of sources "
+        "{path, format, weight, split, limit}; empty: synthetic traces.",
+    )
     examples: int = Field(default=1200, gt=0, description="Synthetic traces to train on.")
     failure_rate: float = Field(
         default=0.3, ge=0, le=1, description="Share of traces whose first tool call fails."
@@ -88,6 +93,12 @@ class SFTConfig(_Section):
     )
     epochs: int = Field(default=3, gt=0, description="Passes over the traces.")
     batch_size: int = Field(default=16, gt=0, description="Sequences per optimizer step.")
+    micro_batch_tokens: int = Field(
+        default=4096,
+        gt=0,
+        description="Padded tokens per forward pass: a step's sequences are grouped by length "
+        "into micro-batches of this size (gradient accumulation over them).",
+    )
     lr: float = Field(default=3e-3, gt=0, description="Peak learning rate.")
     warmup_ratio: float = Field(default=0.04, ge=0, le=1, description="Warm-up share of steps.")
 
@@ -159,6 +170,30 @@ class ServiceConfig(_Section):
         return self
 
 
+class BenchmarkProtocol(_Section):
+    """Sampling for benchmark files: the paper's is T=0.6, 16 samples, 30K tokens, 30 turns."""
+
+    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    samples: int = Field(default=16, gt=0, description="Samples per problem; report avg@k.")
+    max_response_tokens: int = Field(default=30720, gt=0, description="Response budget.")
+    max_turns: int = Field(default=30, gt=0, description="Assistant turns per sample.")
+    seed: int = Field(default=0, description="Seed of the benchmark samples.")
+
+
+class HardPassConfig(_Section):
+    """How a stage on the hard subset (`data: hard`) finds it when it starts."""
+
+    mode: Literal["rollouts", "history"] = Field(
+        default="rollouts",
+        description="rollouts: the paper's pass, k fresh rollouts of every problem with the "
+        "current policy, dropping those solved k/k; history: the latest k training outcomes.",
+    )
+    chunk_problems: int = Field(
+        default=256, gt=0, description="Problems per round of the pass (progress is kept)."
+    )
+
+
 class EvalConfig(_Section):
     """Held-out evaluation: before SFT, after SFT and after each stage."""
 
@@ -178,6 +213,18 @@ class EvalConfig(_Section):
     before_sft: bool = Field(
         default=False,
         description="Also evaluate before SFT (the untrained model; it teaches nothing).",
+    )
+    synthetic: bool = Field(
+        default=True, description="Evaluate on held-out synthetic problems (the tiny recipe)."
+    )
+    sources: list[str] = Field(
+        default_factory=list,
+        description="Benchmark files (JSONL or Parquet rows with question and answer, the "
+        "evaluator's format), each reported as avg@k under its file name.",
+    )
+    benchmark: BenchmarkProtocol = Field(
+        default_factory=lambda: BenchmarkProtocol(),
+        description="How the benchmark files are evaluated (the paper's protocol).",
     )
 
     @model_validator(mode="after")
@@ -302,6 +349,9 @@ class TrainerConfig(_Section):
         default_factory=ServiceConfig, description="Where grading runs."
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    hard_pass: HardPassConfig = Field(
+        default_factory=HardPassConfig, description="Finding the hard subset for a hard stage."
+    )
     cluster: ClusterConfig | None = Field(
         default=None, description="Run on a Ray cluster (docs/LAUNCH.md); None: this machine."
     )

@@ -1,10 +1,12 @@
-"""Held-out evaluation inside a training run: accuracy of the current policy on unseen problems.
+"""Evaluation inside a training run: accuracy of the current policy on problems it does not train on.
 
-The held-out set is synthetic problems drawn with the evaluation seed, minus any question that
-also appears in the training set. Each problem gets `samples` trajectories at the evaluation
-temperature (one greedy trajectory by default) through the same scheduler, agent loop, sandbox
-and grader as training; accuracy is the mean reward over all of them (avg@k, as the paper
-reports).
+Two kinds, each through the same trajectory source, agent loop, sandbox and reward rule as
+training; accuracy is the mean reward over every sample (avg@k, as the paper reports):
+
+- `evaluate`: the synthetic held-out set (the tiny recipe), problems drawn with the evaluation
+  seed minus any question the run trains on, with the `eval` section's sampling;
+- `evaluate_benchmark`: a benchmark file of `eval.sources` (AIME, MATH-500, ...) with the
+  paper's protocol (`eval.benchmark`: T=0.6, 16 samples, 30K tokens, 30 turns by default).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 from rstar2_curriculum import Problem, generate_problems
 from rstar2_rollout import RolloutConfig
 from rstar2_trainer.collect import Collected, collect
-from rstar2_trainer.config import EvalConfig
+from rstar2_trainer.config import BenchmarkProtocol, EvalConfig
 from rstar2_trainer.stats import trajectory_stats
 
 if TYPE_CHECKING:
@@ -64,5 +66,39 @@ async def evaluate(
     stats["accuracy"] = stats.pop("reward", 0.0)
     stats["problems"] = len(problems)
     stats["samples"] = config.samples
+    stats["failed_jobs"] = len(collected.failed_jobs)
+    return stats, collected
+
+
+async def evaluate_benchmark(
+    parts: Parts,
+    problems: Sequence[Problem],
+    protocol: BenchmarkProtocol,
+    base: RolloutConfig,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[dict[str, float | None], Collected]:
+    """avg@k and trajectory statistics of the current policy on a benchmark's problems."""
+    rollout = base.model_copy(
+        update={
+            "temperature": protocol.temperature,
+            "top_p": protocol.top_p,
+            "max_turns": protocol.max_turns,
+            "max_response_tokens": protocol.max_response_tokens,
+            "seed": protocol.seed,
+        }
+    )
+    collected = await collect(
+        parts.source,
+        parts.scorer,
+        problems,
+        protocol.samples,
+        rollout,
+        meters=parts.engines,
+        on_done=on_done,
+    )
+    stats = trajectory_stats(collected.trajectories)
+    stats["accuracy"] = stats.pop("reward", 0.0)
+    stats["problems"] = len(problems)
+    stats["samples"] = protocol.samples
     stats["failed_jobs"] = len(collected.failed_jobs)
     return stats, collected

@@ -55,12 +55,13 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
 def final_table(
     evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, eval_settings: str
 ) -> None:
-    table = Table(title="Held-out evaluation")
-    columns = ("when", "step", "accuracy", "problems x k", "uses tool", "tool-err (correct)")
+    table = Table(title="Held-out evaluation (benchmarks: avg@k)")
+    columns = ("set", "when", "step", "accuracy", "problems x k", "uses tool", "tool-err (correct)")
     for column in (*columns, "answered", "len"):
-        table.add_column(column, justify="right" if column != "when" else "left")
-    for e in evals:
+        table.add_column(column, justify="left" if column in ("set", "when") else "right")
+    for e in sorted(evals, key=lambda e: str(e.get("benchmark", ""))):  # held-out first
         table.add_row(
+            str(e.get("benchmark", "held-out")),
             str(e["when"]),
             str(e["step"]),
             _fmt(e.get("accuracy")),
@@ -72,10 +73,13 @@ def final_table(
         )
     console.print(table)
     console.print(f"run directory: {run_dir}")
-    console.print(
-        f"trained policy: {policy} (its last held-out evaluation again: rstar2-eval run "
-        f"{policy} {run_dir / 'heldout.jsonl'} {eval_settings})"
-    )
+    if (run_dir / "heldout.jsonl").exists():
+        console.print(
+            f"trained policy: {policy} (its last held-out evaluation again: rstar2-eval run "
+            f"{policy} {run_dir / 'heldout.jsonl'} {eval_settings})"
+        )
+    else:
+        console.print(f"trained policy: {policy}")
 
 
 PLOTS = {
@@ -84,6 +88,7 @@ PLOTS = {
     "response_len_mean": ("rl", "response_len_mean"),
     "truncation_ratio": ("rl", "truncation_ratio"),
     "eval_accuracy": ("eval", "accuracy"),
+    "benchmark_accuracy": ("benchmark", "accuracy"),
     "sft_loss": ("sft", "loss"),
 }
 

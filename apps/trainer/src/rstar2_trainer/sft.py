@@ -1,10 +1,20 @@
 """Non-reasoning SFT: teach the chat and tool-call format on (input ids, loss mask) examples.
 
 Token-level cross-entropy over the assistant tokens only (loss mask 1), AdamW with linear warm-up
-and cosine decay (the paper's SFT schedule, scaled down). The examples come from the curriculum's
-conversations encoded by the rollout package's chat template, so the model learns exactly the
-token stream the agent loop will later produce. The model must already be on `precision.device`;
-bf16 runs the forward under autocast with fp32 master weights (see `precision`).
+and cosine decay (the paper's SFT schedule, scaled down). The examples are conversations encoded
+by the rollout package's chat template (`encode_conversation`), so the model learns exactly the
+token stream the agent loop will later produce.
+
+One optimizer step takes `batch_size` examples. They are grouped by length into micro-batches of
+at most `micro_batch_tokens` padded tokens (an example longer than that is a micro-batch of its
+own); each micro-batch is one forward and backward (gradient accumulation), and the step's loss
+is the token mean over all of its loss tokens, so the grouping changes the cost (less padding,
+bounded memory), not the loss. Examples are not packed into one row: transformers' packed-sequence
+path (position ids restarting, no attention mask) did not keep examples apart in our check (an
+example's logits moved by up to 1.06 beside a neighbour), so each example keeps its own row.
+
+The model must already be on `precision.device`; bf16 runs the forward under autocast with fp32
+master weights (see `precision`).
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ import torch
 from rstar2_trainer.batching import make_batch, response_logprobs
 from rstar2_trainer.precision import FP32_CPU, Precision
 
+Example = tuple[list[int], list[int]]  # token ids, loss mask (1: an assistant token to learn)
+
 
 @dataclass(frozen=True)
 class SFTResult:
@@ -26,6 +38,39 @@ class SFTResult:
     first_loss: float
     last_loss: float
     tokens: int
+    micro_batches: int  # forward passes
+
+
+def micro_batches(examples: Sequence[Example], max_tokens: int) -> list[list[Example]]:
+    """`examples` grouped longest first into micro-batches of at most `max_tokens` padded tokens."""
+    out: list[list[Example]] = []
+    width = 0
+    for i in sorted(range(len(examples)), key=lambda i: -len(examples[i][0])):
+        ids, mask = examples[i]
+        if len(mask) != len(ids):
+            raise ValueError("every example needs one loss-mask entry per token")
+        if out and (len(out[-1]) + 1) * width <= max_tokens:
+            out[-1].append(examples[i])
+        else:
+            out.append([examples[i]])
+            width = len(ids)  # the longest of the new micro-batch
+    return out
+
+
+def loss_sum(model: torch.nn.Module, rows: Sequence[Example], precision: Precision) -> torch.Tensor:
+    """The summed negative log-likelihood of the loss tokens of `rows` (a 0-dim tensor)."""
+    # Score every token after the first as a "response" of a one-token prompt.
+    batch = precision.batch(
+        make_batch(
+            [ids[:1] for ids, _ in rows],
+            [ids[1:] for ids, _ in rows],
+            [mask[1:] for _, mask in rows],
+            0,
+        )
+    )
+    with precision.autocast():
+        logp, _ = response_logprobs(model, batch)  # [B, T]
+    return -(logp * batch.response_mask).sum()
 
 
 def cosine_with_warmup(step: int, total: int, warmup: int) -> float:
@@ -37,18 +82,18 @@ def cosine_with_warmup(step: int, total: int, warmup: int) -> float:
 
 def train_sft(
     model: torch.nn.Module,
-    examples: Sequence[tuple[list[int], list[int]]],
+    examples: Sequence[Example],
     *,
     epochs: int,
     batch_size: int,
     lr: float,
     warmup_ratio: float,
     seed: int,
-    pad_id: int,
+    micro_batch_tokens: int = 4096,
     on_step: Callable[[int, int, float], None] | None = None,
     precision: Precision = FP32_CPU,
 ) -> SFTResult:
-    """Train `model` in place on `examples` ((ids, mask) pairs); return the loss trajectory."""
+    """Train `model` in place on `examples`; return the loss trajectory."""
     rng = random.Random(seed)
     total = epochs * math.ceil(len(examples) / batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -57,36 +102,31 @@ def train_sft(
         optimizer, lambda s: cosine_with_warmup(s, total, warmup)
     )
     model.train()
-    step, first, last, tokens = 0, float("nan"), float("nan"), 0
+    step, first, last, tokens, forwards = 0, float("nan"), float("nan"), 0, 0
     for _ in range(epochs):
         order = list(range(len(examples)))
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
-            rows = [examples[i] for i in order[start : start + batch_size]]
-            # Score every token after the first as a "response" of a one-token prompt.
-            batch = precision.batch(
-                make_batch(
-                    [ids[:1] for ids, _ in rows],
-                    [ids[1:] for ids, _ in rows],
-                    [mask[1:] for _, mask in rows],
-                    pad_id,
-                )
-            )
-            with precision.autocast():
-                logp, _ = response_logprobs(model, batch)  # [B, T]
-            n = batch.response_mask.sum().clamp(min=1)
-            loss = -(logp * batch.response_mask).sum() / n
+            picked = [examples[i] for i in order[start : start + batch_size]]
+            groups = micro_batches(picked, micro_batch_tokens)
+            n = sum(sum(mask[1:]) for _, mask in picked)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            value = 0.0
+            for rows in groups:
+                loss = loss_sum(model, rows, precision) / max(1, n)
+                loss.backward()
+                value += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            value = float(loss.detach())
             first = value if step == 0 else first
             last = value
-            tokens += int(n)
+            tokens += n
+            forwards += len(groups)
             step += 1
             if on_step is not None:
                 on_step(step, total, value)
     model.eval()
-    return SFTResult(steps=step, first_loss=first, last_loss=last, tokens=tokens)
+    return SFTResult(
+        steps=step, first_loss=first, last_loss=last, tokens=tokens, micro_batches=forwards
+    )

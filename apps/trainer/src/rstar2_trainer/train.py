@@ -34,14 +34,7 @@ import numpy as np
 import torch
 
 from rstar2_algos import build_algorithm
-from rstar2_curriculum import (
-    Curriculum,
-    StepMetrics,
-    generate_problems,
-    load_problems,
-    sft_traces,
-    write_jsonl,
-)
+from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
 from rstar2_rollout.chat import encode_conversation
 from rstar2_rollout.loop import derive_seed
 from rstar2_trainer import report
@@ -50,7 +43,9 @@ from rstar2_trainer.checkpoint import latest_step, load_latest, save_policy
 from rstar2_trainer.cluster import open_cluster_parts
 from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.evaluate import evaluate, held_out_problems
+from rstar2_trainer.data import RunData, load_run_data
+from rstar2_trainer.evaluate import evaluate, evaluate_benchmark, held_out_problems
+from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.policy import Policy, open_policy
 from rstar2_trainer.precision import FP32_CPU, Precision
 from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
@@ -86,7 +81,8 @@ class Run:
     parts: Parts
     policy: Policy
     curriculum: Curriculum
-    held_out: list
+    held_out: list  # synthetic held-out problems (empty when eval.synthetic is off)
+    benchmarks: dict[str, list]  # eval.sources: name -> problems
     step: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
 
@@ -95,8 +91,12 @@ class Run:
         return self.run_dir / "checkpoints"
 
 
-async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
+async def train(
+    config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None
+) -> Path:
     torch.set_num_threads(config.run.threads)
+    if data is None:
+        data = load_run_data(config, resume=resume)
     if resume:
         # Before the log is opened: lines past the checkpoint belong to the step being redone;
         # with no checkpoint yet the run starts over, so nothing logged before is kept.
@@ -107,7 +107,7 @@ async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
             truncate_metrics(run_dir, rl_step=step)
     log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
     try:
-        await _train(config, run_dir, log, resume)
+        await _train(config, run_dir, log, resume, data)
     finally:
         log.close()
     if config.run.plots:
@@ -115,26 +115,17 @@ async def train(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
     return run_dir
 
 
-async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: bool) -> None:
-    seed = config.run.seed
-    problems = load_problems(config.curriculum.source, seed=seed).problems
-    curriculum = Curriculum.from_config(config.curriculum, problems)
-    sft_problems = []
-    if config.sft.enabled:
-        sft_problems = generate_problems(
-            config.sft.examples, seed=derive_seed(seed, "sft"), difficulty=config.sft.difficulty
-        )
-    held_out = held_out_problems(config.eval, [*problems, *sft_problems])
-    write_jsonl(held_out, run_dir / "heldout.jsonl")  # for rstar2-eval on the same problems
+async def _train(
+    config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: bool, data: RunData
+) -> None:
+    problems = data.prepared.problems
+    curriculum = data.prepared.curriculum
+    held_out = []
+    if config.eval.synthetic:
+        held_out = held_out_problems(config.eval, [*problems, *data.sft_problems])
+        write_jsonl(held_out, run_dir / "heldout.jsonl")  # for rstar2-eval on the same problems
     ckpt = load_latest(run_dir / "checkpoints") if resume else None
-    traces = []
-    if config.sft.enabled and ckpt is None:
-        traces = sft_traces(
-            sft_problems,
-            seed=seed,
-            failure_rate=config.sft.failure_rate,
-            direct_share=config.sft.direct_share,
-        )
+    traces = data.sft if ckpt is None else []
 
     corpus = tokenizer_corpus(problems, traces, config.rollout.system_prompt)
     opener = open_parts if config.cluster is None else open_cluster_parts
@@ -145,7 +136,7 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
         async with open_policy(
             config, parts.model, parts.model_dir, precision, pad_id=pad_id
         ) as policy:
-            run = Run(config, run_dir, log, parts, policy, curriculum, held_out)
+            run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
             if ckpt is None:
                 await start(run, traces, pad_id, precision)
             else:
@@ -166,20 +157,36 @@ async def _train(config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: 
 
 
 async def run_eval(run: Run, when: str) -> None:
-    """Held-out accuracy of the current policy, logged and kept for the final table."""
+    """Held-out accuracy of the current policy (synthetic set, then each benchmark file),
+    logged and kept for the final table."""
     config = run.config
     run.parts.check_servers()
-    total = len(run.held_out) * config.eval.samples
-    with report.progress(f"eval ({when})", total) as advance:
-        stats, _ = await evaluate(run.parts, run.held_out, config.eval, config.rollout, advance)
-    record = {"when": when, **stats}
-    run.evals.append({**record, "step": run.step})
-    run.log.log("eval", run.step, record)
-    report.console.print(
-        f"eval {when}: accuracy {stats['accuracy']:.3f} on {stats['problems']} held-out "
-        f"problems x {config.eval.samples}, "
-        f"tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
-    )
+    if run.held_out:
+        total = len(run.held_out) * config.eval.samples
+        with report.progress(f"eval ({when})", total) as advance:
+            stats, _ = await evaluate(run.parts, run.held_out, config.eval, config.rollout, advance)
+        record = {"when": when, **stats}
+        run.evals.append({**record, "step": run.step})
+        run.log.log("eval", run.step, record)
+        report.console.print(
+            f"eval {when}: accuracy {stats['accuracy']:.3f} on {stats['problems']} held-out "
+            f"problems x {config.eval.samples}, "
+            f"tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
+        )
+    protocol = config.eval.benchmark
+    for name, problems in run.benchmarks.items():
+        total = len(problems) * protocol.samples
+        with report.progress(f"{name} ({when})", total) as advance:
+            stats, _ = await evaluate_benchmark(
+                run.parts, problems, protocol, config.rollout, advance
+            )
+        record = {"when": when, "benchmark": name, **stats}
+        run.evals.append({**record, "step": run.step})
+        run.log.log("benchmark", run.step, record)
+        report.console.print(
+            f"{name} {when}: avg@{protocol.samples} {stats['accuracy']:.3f} on "
+            f"{stats['problems']} problems"
+        )
 
 
 async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> None:
@@ -311,6 +318,14 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
         await run_eval(run, f"after_{stage.name}")
         if switch.reset_optimizer:
             await run.policy.reset_optimizer()
+        entered = run.curriculum.plan.current if not run.curriculum.plan.finished else None
+        if (
+            entered is not None
+            and entered.data == "hard"
+            and run.config.hard_pass.mode == "rollouts"
+        ):
+            record = await hard_subset_pass(run, entered)
+            run.log.log("hard_pass", run.step, record)
     if run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished:
         await save(run)
 
@@ -350,9 +365,12 @@ def run_sft(
     pad_id: int,
     precision: Precision = FP32_CPU,
 ) -> None:
-    """Non-reasoning SFT on the curriculum's synthetic traces, encoded as the agent loop would."""
+    """Non-reasoning SFT on the run's SFT examples (data or synthetic traces), encoded exactly
+    as the agent loop renders a conversation."""
     style = config.rollout.system_prompt
-    examples = [encode_conversation(parts.tokenizer, ex.messages, style=style) for ex in traces]
+    examples = [
+        encode_conversation(parts.tokenizer, ex.messages, ex.tools, style=style) for ex in traces
+    ]
     sft = config.sft
     steps = sft.epochs * -(-len(examples) // sft.batch_size)
     with report.progress("SFT", steps) as advance:
@@ -370,7 +388,7 @@ def run_sft(
             lr=sft.lr,
             warmup_ratio=sft.warmup_ratio,
             seed=config.run.seed,
-            pad_id=pad_id,
+            micro_batch_tokens=sft.micro_batch_tokens,
             on_step=on_step,
             precision=precision,
         )
@@ -385,5 +403,5 @@ def _pad_id(tokenizer: Any) -> int:
     return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
-def run(config: TrainerConfig, run_dir: Path, *, resume: bool) -> Path:
-    return asyncio.run(train(config, run_dir, resume=resume))
+def run(config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None) -> Path:
+    return asyncio.run(train(config, run_dir, resume=resume, data=data))
