@@ -11,7 +11,7 @@ probability is 3/7.", "Jane started growing Sphere 3 hours ago."), first that ap
 2. the last maths span, when nothing after it in the sentence holds a digit;
 3. what follows the last " is " / " are " / " equals ", when that is one number or one span;
 4. the only number in the sentence (with a trailing `%`), when there is exactly one and no
-   maths span holds a digit;
+   maths span holds a digit (rules 3 and 4 only for prose: two words or more);
 5. the sentence itself (the parser and the text match then decide).
 
 `last_sentence(text)` is the last sentence of a text, with maths spans kept whole (a period
@@ -105,6 +105,8 @@ def answer_in(sentence: str) -> str:
         content, _, end = spans[-1]
         if not re.search(r"\d|\\boxed", sentence[end:]):
             return content
+    if not is_prose(sentence):
+        return sentence
     masked = _mask(sentence, spans)
     verbs = list(_VERB.finditer(masked))
     if verbs:
