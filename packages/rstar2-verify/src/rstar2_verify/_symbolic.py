@@ -20,7 +20,7 @@ from fractions import Fraction
 import sympy
 from sympy.core.evalf import PrecisionExhausted
 
-from rstar2_verify.compare import Scalar, TooComplexError, exact_value, judge, round_matches
+from rstar2_verify.compare import Scalar, TooComplexError, exact_value, judge, near, round_matches
 from rstar2_verify.expr import (
     Add,
     Const,
@@ -144,7 +144,15 @@ def symbolic_scalar(max_digits: int) -> Scalar:
             if not value.is_real:
                 return False
             approx = Fraction(str(value))
-            return round_matches(gold.value, approx, gold.places)
+            return round_matches(gold.value, approx, gold.places) or near(
+                gold.value, approx, gold.places
+            )
+        if mode == "long":
+            assert isinstance(answer, Num) and answer.places is not None
+            value = sympy.N(g, 60)
+            if not value.is_real:
+                return False
+            return near(answer.value, Fraction(str(value)), answer.places)
         if mode == "prop":
             if g == 0 or a == 0:
                 return g == a
