@@ -5,11 +5,14 @@ wrong number, a hedge ("either 3 or 5"), a wrong answer corrected only in prose 
 the wrong order stay wrong.
 """
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rstar2_verify import extract_answer
+from rstar2_verify.extract import gold_answer
 
 CASES = [
     # free-text anchors and delimiters
@@ -167,3 +170,22 @@ def test_prose_extraction(response, text, source):
 def test_grade_never_raises(grader, response, gold):
     got = grader.grade(response, gold)
     assert isinstance(got.correct, bool)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\(" * 5000,
+        "$" * 20_000,
+        "$$a" * 5000,
+        "Answer \\[" * 3000,
+        "The answer is " + "$$ x " * 4000,
+        "word is 5 " * 200_000,
+    ],
+    ids=["parens", "dollars", "display", "anchors", "spans", "2M prose"],
+)
+def test_prose_scans_stay_linear(response):
+    start = time.perf_counter()
+    extract_answer(response)
+    gold_answer(response[:20_000])
+    assert time.perf_counter() - start < 2.0

@@ -30,16 +30,13 @@ _CHAT_TOKEN = re.compile(
     r"<\|(?:im_end|im_start|eot_id|endoftext|end|end_of_text|start_header_id)\|>|</s>"
     r"|<｜end▁of▁sentence｜>|<\|assistant\|>|<\|user\|>"
 )
-_HOPE = re.compile(r"\s*I hope (?:it|this|that) is correct\.?", re.IGNORECASE)
+_HOPE = re.compile(r"I hope (?:it|this|that) is correct\.?", re.IGNORECASE)
 _DOUBLED = re.compile(r"\\\\(?:[dtc]?frac|sqrt|left|right|boxed|le|ge|leq|geq|neq|pi|cdot|times"
                       r"|infty|text|begin|end|circ|pm|in|cup)(?![a-zA-Z])")  # fmt: skip
 _SINGLE = re.compile(r"(?<!\\)\\(?:[dtc]?frac|sqrt|boxed|begin)(?![a-zA-Z])")
-_SPAN = re.compile(
-    r"\$\$(?P<a>.+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<c>.+?)\\\)|(?<!\\)\$(?P<d>(?:\\\$|[^$])+?)\$",
-    re.DOTALL,
-)
+_PAIRS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))  # longer "$$" first
 _NUMBER = re.compile(r"(?<![\w.^_])[-+]?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?(?:\s*\\?%)?(?![\w.]*\d)")
-_VERB = re.compile(r"\b(?:is|are|equals|was|be)\s+(?:equal\s+to\s+|approximately\s+|about\s+)?",
+_VERB = re.compile(r"\b(?:is|are|equals|was|be|it's)\s+(?:equal\s+to\s+|approximately\s+|about\s+)?",
                    re.IGNORECASE)  # fmt: skip
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)|\n\s*")
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
@@ -51,19 +48,53 @@ def clean(text: str) -> str:
     m = _CHAT_TOKEN.search(text)
     if m is not None and text[: m.start()].strip():
         text = text[: m.start()]
-    text = _HOPE.sub(" ", text)
+    head, tail = text[:-_TAIL], text[-_TAIL:]  # the sign-off matters only near the end
+    text = head + _HOPE.sub(" ", tail)
     if _DOUBLED.search(text) and not _SINGLE.search(text.replace("\\\\", "")):
         text = text.replace("\\\\", "\\")
     return text
 
 
+def _find(text: str, token: str, pos: int) -> int:
+    """The next `token` at or after `pos`; a `$` written `\\$` does not count."""
+    at = text.find(token, pos)
+    while token == "$" and at > 0 and text[at - 1] == "\\":
+        at = text.find(token, at + 1)
+    return at
+
+
 def math_spans(text: str) -> list[tuple[str, int, int]]:
-    """Every maths span of `text` as (content, start, end), left to right."""
-    spans = []
-    for m in _SPAN.finditer(text):
-        content = next(g for g in m.groups() if g is not None)
-        spans.append((content.strip(), m.start(), m.end()))
-    return spans
+    """Every maths span of `text` as (content, start, end), left to right.
+
+    Linear: the next opener of each kind is cached, and a kind whose closer does not occur
+    again is dropped (no later opener of that kind can close either).
+    """
+    spans: list[tuple[str, int, int]] = []
+    ahead: dict[str, int] = {}
+    pos = 0
+    while True:
+        best: tuple[int, str, str] | None = None
+        for opener, closer in _PAIRS:
+            at = ahead.get(opener, -2)
+            if at == -1:
+                continue
+            if at < pos:
+                at = ahead[opener] = _find(text, opener, pos)
+                if at == -1:
+                    continue
+            if best is None or at < best[0]:
+                best = (at, opener, closer)
+        if best is None:
+            return spans
+        at, opener, closer = best
+        end = _find(text, closer, at + len(opener))
+        if end == -1:
+            ahead[opener] = -1
+            continue
+        content = text[at + len(opener) : end].strip()
+        if content:
+            spans.append((content, at, end + len(closer)))
+        pos = end + len(closer)
 
 
 def _mask(text: str, spans: list[tuple[str, int, int]]) -> str:

@@ -16,6 +16,7 @@ answer to 60 digits and applies `compare.round_matches`.
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import sympy
 from sympy.core.evalf import PrecisionExhausted
@@ -156,6 +157,14 @@ def symbolic_scalar(max_digits: int) -> Scalar:
         if mode == "prop":
             if g == 0 or a == 0:
                 return g == a
+            free = sorted(g.free_symbols | a.free_symbols, key=str)
+            if free:  # the ratio at one point, then g - ratio * a must vanish everywhere
+                subs = {s: sympy.Rational(*_point(k + 5)) for k, s in enumerate(free)}
+                at_g: Any = g.xreplace(subs)
+                at_a: Any = a.xreplace(subs)
+                ratio = sympy.nsimplify(at_g / at_a) if at_a != 0 else None
+                if ratio is not None and ratio.is_number and ratio.is_finite and ratio != 0:
+                    return _is_zero(g - ratio * a, g)
             ratio = sympy.simplify(g / a)
             return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
         if g.has(sympy.oo, -sympy.oo) or a.has(sympy.oo, -sympy.oo):

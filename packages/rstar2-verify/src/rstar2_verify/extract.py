@@ -233,7 +233,10 @@ def _answer_line(text: str) -> str | None:
             close = tail.find(closer, tail.find(opener, begin) + len(opener))
             if close >= 0:
                 rest = tail[begin : close + len(closer)].replace("\n", " ")
-    while (again := _ANSWER_LINE.search(rest)) is not None:  # "Final answer: the answer is 5"
+    for _ in range(3):  # "Final answer: the answer is 5" (bounded: each search is linear)
+        again = _ANSWER_LINE.search(rest)
+        if again is None:
+            break
         rest = again.group("rest")
     rest = rest.strip().strip("*").strip()  # "**Answer:** 5."
     if not rest:
