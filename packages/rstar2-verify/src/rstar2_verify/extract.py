@@ -1,14 +1,20 @@
 """Find the final answer in a model response, and say where it came from.
 
-Order (first that yields wins):
+The response is first cleaned (`_prose.clean`: cut at a chat-template token, "I hope it is
+correct." dropped, doubled escapes undone). Order (first that yields wins):
 
 1. `answer_box`: the last `\\boxed{}` / `\\fbox{}` inside the last `<answer>...</answer>` block.
 2. `boxed`: the last box anywhere outside `<think>`, `<reason>`, `<tool_call>` and
    `<tool_response>` blocks (a response that starts inside a pre-filled `<reason>` and only closes
    it is handled: everything before the last closing tag is thinking).
-3. `answer_tag`: the text of the `<answer>` block itself when it holds no box and is short.
-4. `final_answer_line`: the rest of the last "final answer:" / "the answer is" line.
-5. `raw`: the whole (thinking-free) text when it is short, i.e. already an extracted answer.
+3. `answer_tag`: the text of the `<answer>` block itself when it holds no box and is short
+   (its answer sentence when it is prose).
+4. `final_answer_line`: the answer sentence after the last "final answer:" / "the answer is" /
+   "answer:" / "Answer $..$" / `####` anchor (a display block after it may span lines).
+5. `raw`: the whole (thinking-free) text when it is short and not prose, i.e. already an answer.
+6. `last_sentence`: the answer sentence (`_prose.answer_in`) of the last sentence of prose.
+
+`gold_answer(gold)` applies the same reading to a gold that is a worked solution.
 
 Several boxes: the last one wins (a retracted "\\boxed{5} ... no, \\boxed{7}" gives 7), except
 that boxes separated only by commas, "and", semicolons, dollars or spaces are one list answer
