@@ -155,6 +155,8 @@ def test_widening_with_its_negative_cases(grader, response, gold, correct):
         ("Jane started growing Sphere 3 hours ago.", "3", "last_sentence"),
         ("<answer>The probability is $\\frac14$.</answer>", "\\frac14", "answer_tag"),
         ("{" * 5000 + "1", None, "none"),
+        ("Step. " * 60 + "So far the sum is $5$ and next we", None, "none"),
+        ("Step. " * 60 + "So the sum is $5$.", "5", "last_sentence"),
     ],
 )
 def test_prose_extraction(response, text, source):

@@ -12,7 +12,9 @@ correct." dropped, doubled escapes undone). Order (first that yields wins):
 4. `final_answer_line`: the answer sentence after the last "final answer:" / "the answer is" /
    "answer:" / "Answer $..$" / `####` anchor (a display block after it may span lines).
 5. `raw`: the whole (thinking-free) text when it is short and not prose, i.e. already an answer.
-6. `last_sentence`: the answer sentence (`_prose.answer_in`) of the last sentence of prose.
+6. `last_sentence`: the answer sentence (`_prose.answer_in`) of the last sentence of prose;
+   a long text must end a sentence (".", "!"), so a rollout cut off mid-sentence by the token
+   limit never has its last intermediate value read as its answer.
 
 `gold_answer(gold)` applies the same reading to a gold that is a worked solution.
 
@@ -38,6 +40,7 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOX_SCAN = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*|\\[{}]|[{}]")
 _HIDDEN_TAGS = ("think", "reason", "tool_call", "tool_response")
 _SEPARATOR = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*and\s*\}|and|\\,)*$")
+_FINISHED = re.compile(r"[.!]\s*(?:\$+|\\\]|\\\))?\s*$")
 _ANSWER_LINE = re.compile(
     r"(?:final\s+answer|the\s+answer\s+is|answer\s*:|\banswer\b(?=\s*(?:\$|\\\(|\\\[))|####)"
     r"\s*(?:is\s*)?:?\s*(?P<rest>[^\n]*)",
@@ -202,7 +205,8 @@ def extract_answer(response: str, max_raw_chars: int = 300) -> Extraction:
     stripped = visible.strip()
     if stripped and len(stripped) <= max_raw_chars and not is_prose(stripped):
         return Extraction(stripped, "raw")
-    if stripped:
+    long_and_cut = len(stripped) > max_raw_chars and not _FINISHED.search(stripped[-20:])
+    if stripped and not long_and_cut:  # a long text cut mid-sentence (out of tokens) has none
         sentence = last_sentence(stripped)
         found = answer_in(sentence)
         if found != sentence.strip().rstrip(".").strip() or len(stripped) <= max_raw_chars:
