@@ -83,6 +83,33 @@ CASES = [
         "\\begin{pmatrix} 1 & \\frac12 \\\\ 0 & 3 \\end{pmatrix}",
         False,
     ),
+    # matrix arithmetic written out
+    (
+        "The sum is $\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix} + \\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}$",
+        "\\begin{pmatrix}6 & 8 \\\\ 10 & 12\\end{pmatrix}",
+        True,
+    ),
+    (
+        "The sum is $\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix} + \\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}$",
+        "\\begin{pmatrix}6 & 8 \\\\ 10 & 13\\end{pmatrix}",
+        False,
+    ),
+    (
+        "\\boxed{\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix} \\begin{pmatrix}0 & 1 \\\\ 1 & 0\\end{pmatrix}}",
+        "\\begin{pmatrix}2 & 1 \\\\ 4 & 3\\end{pmatrix}",
+        True,
+    ),
+    (
+        "\\boxed{\\begin{pmatrix}0 & 1 \\\\ 1 & 0\\end{pmatrix} \\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}}",
+        "\\begin{pmatrix}2 & 1 \\\\ 4 & 3\\end{pmatrix}",
+        False,
+    ),
+    ("\\boxed{2\\begin{pmatrix}1 & 2\\end{pmatrix}}", "\\begin{pmatrix}2 & 4\\end{pmatrix}", True),
+    (
+        "\\boxed{\\begin{pmatrix}1 & 2\\end{pmatrix} + \\begin{pmatrix}1 \\\\ 2\\end{pmatrix}}",
+        "\\begin{pmatrix}2 & 4\\end{pmatrix}",
+        False,
+    ),
     # several boxes, sets of tuples
     ("The roots are \\boxed{4}\\boxed{7}.", "4, 7", True),
     ("The roots are \\boxed{4} and \\boxed{8}.", "4, 7", False),

@@ -320,7 +320,73 @@ def _canon(node: Node) -> Node:
         return Seq((Add((base, node.delta)), Add((base, minus))), "{", "}")
     if isinstance(node, Union) and len(node.parts) == 1:
         return node.parts[0]
+    if isinstance(node, Add | Mul):
+        return _matrix_arithmetic(node) or node
     return node
+
+
+def _matrix_arithmetic(node: Add | Mul) -> Matrix | None:
+    """`A + B` and `A B` (also `2A`) of written matrices as one matrix of unevaluated entries;
+    None when the shapes do not fit or nothing is a matrix (the cost is linear in the entries
+    for sums and cubic for products of at most 8x8)."""
+    if isinstance(node, Add):
+        terms = [t for t in node.terms if isinstance(t, Matrix)]
+        shapes = {(len(t.rows), len(t.rows[0])) for t in terms}
+        if len(terms) != len(node.terms) or len(shapes) != 1:
+            return None
+        rows, cols = shapes.pop()
+        return Matrix(
+            tuple(
+                tuple(Add(tuple(t.rows[r][c] for t in terms)) for c in range(cols))
+                for r in range(rows)
+            )
+        )
+    if any(node.inverse) or not any(isinstance(f, Matrix) for f in node.factors):
+        return None
+    scalars = tuple(f for f in node.factors if not isinstance(f, Matrix))
+    if any(_has_matrix(f) for f in scalars):
+        return None
+    product: Matrix | None = None
+    for factor in node.factors:
+        if not isinstance(factor, Matrix):
+            continue
+        if product is None:
+            product = factor
+            continue
+        n, m, k = len(product.rows), len(factor.rows), len(factor.rows[0])
+        if len(product.rows[0]) != m or max(n, m, k) > 8:
+            return None
+        product = Matrix(
+            tuple(
+                tuple(
+                    Add(
+                        tuple(
+                            Mul((product.rows[i][t], factor.rows[t][j]), (False, False))
+                            for t in range(m)
+                        )
+                    )
+                    for j in range(k)
+                )
+                for i in range(n)
+            )
+        )
+    assert product is not None
+    if not scalars:
+        return product
+    return Matrix(
+        tuple(
+            tuple(Mul((*scalars, e), (False,) * (len(scalars) + 1)) for e in row)
+            for row in product.rows
+        )
+    )
+
+
+def _has_matrix(node: object) -> bool:
+    if isinstance(node, Matrix):
+        return True
+    if isinstance(node, tuple):
+        return any(_has_matrix(x) for x in node)
+    return any(_has_matrix(getattr(node, s)) for s in getattr(type(node), "__slots__", ()))
 
 
 def _is_label(node: Node) -> bool:
