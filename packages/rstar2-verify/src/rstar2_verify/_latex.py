@@ -25,7 +25,7 @@ _UNICODE = {
     "⅓": "\\frac{1}{3}", "⅔": "\\frac{2}{3}", "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅕": "\\frac{1}{5}", "⅖": "\\frac{2}{5}",
     "⅗": "\\frac{3}{5}", "⅘": "\\frac{4}{5}", "⅙": "\\frac{1}{6}", "⅚": "\\frac{5}{6}", "⅛": "\\frac{1}{8}", "⅜": "\\frac{3}{8}",
     "⅝": "\\frac{5}{8}", "⅞": "\\frac{7}{8}", "\u2009": " ", "\u00a0": " ", "\u202f": " ", "，": ",",
-    "（": "(", "）": ")", "：": ":", "α": "\\alpha ", "β": "\\beta ", "θ": "\\theta ",
+    "（": "(", "）": ")", "：": ":", "≈": "\\approx ", "€": "", "£": "", "¥": "", "α": "\\alpha ", "β": "\\beta ", "θ": "\\theta ",
 }  # fmt: skip
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
@@ -144,7 +144,16 @@ _ELLIPSIS = re.compile(r"(?<!\d)(\d*)\.(\d+)(?:\\ldots|\\cdots|\\dots|\.\.\.|…
 _UNIT_TAIL = re.compile(r"(?<=[\d}).])((?:\s+[a-zA-Z]+(?:\s*\^?\{?[23]\}?)?)+)\s*$")
 # 3\frac{1}{2} (or 3\frac12, or 3½) is the mixed number 3 + 1/2, not 3 * 1/2
 _MIXED = re.compile(r"(?<![\w.^_{}\\])(-?)(\d+)\s*\\frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))")
-_PERCENT_WORD = re.compile(r"\s*(?:\\text\s*\{\s*percent\s*\}|\bpercent\b)", re.IGNORECASE)
+_PERCENT_WORD = re.compile(
+    r"\s*(?:\\text\s*\{\s*(?:percent|percentage|pct)\s*\}|\b(?:percent|percentage|pct)\b)",
+    re.IGNORECASE,
+)
+# 4 4/9 (a space, digits, a slash) is the mixed number 4 + 4/9; 11/10 4/9 or 11.0 4/9 is not
+_MIXED_PLAIN = re.compile(r"(?<![\w.)/^_}])([-+]?)(\d+) +(\d+)/(\d+)(?![\d./])")
+# 14{,}916, 14 {, }916 and 11,\! 111 are thousands separators
+_THOUSANDS_GROUP = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}\s*|,\\!\s*)(?=\d{3}(?!\d))")
+_APPROX = re.compile(r"\\approx(?![a-zA-Z])")
+_LABEL = re.compile(r"\s*[a-zA-Z](?:_\{?\w+\}?)?\s*")
 # A trailing \text{words} after a quantity is a unit or a noun ("12\text{ apples}").
 _TEXT_TAIL = re.compile(
     r"(?<=[\d}).])\s*\\(?:text|mbox|mathrm|textrm|textnormal)\s*\{\s*[a-zA-Z][a-zA-Z .]*\}"
@@ -195,9 +204,28 @@ def _strip_outer(s: str) -> str:
         s = t
 
 
+def _approx(s: str) -> str:
+    """`x \\approx 11` is `x = 11`; anything else ends at its first `\\approx`."""
+    parts = _APPROX.split(s)
+    if len(parts) == 1 or not parts[0].strip():
+        return s
+    if _LABEL.fullmatch(parts[0]):
+        return f"{parts[0]}={parts[1]}"
+    return parts[0]
+
+
+def _mixed_plain(match: re.Match[str]) -> str:
+    sign, whole, num, den = match.groups()
+    return f"{'-' if sign == '-' else ''}({whole}+{num}/{den})"
+
+
 def normalize(s: str) -> str:
     """The answer with LaTeX noise removed; see the module docstring."""
     s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], s)
+    s = _approx(s)
+    s = _THOUSANDS_GROUP.sub("", s)
+    s = re.sub(r"(?<!\\)\\\s*$", "", s).replace("**", "^")
+    s = re.sub(r"(?<=\d)_\{(\d+)\}", r"_\1", s)
     s = _ELLIPSIS.sub(_ellipsis, s)
     s = _strip_outer(s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "%").replace("\\!", "")
@@ -216,6 +244,8 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\(?:emptyset|varnothing)|\\\{\s*\\\}", "\\\\emptyset", s)
     s = _PERCENT_WORD.sub("%", s)
     s = _MIXED.sub(_mixed, s)
+    s = _THOUSANDS_LATEX.sub("", s)
+    s = _MIXED_PLAIN.sub(_mixed_plain, s)
     s = " ".join(s.split())
     tail = _UNIT_TAIL.search(s)
     if tail is not None and tail.start() > 0:

@@ -16,11 +16,12 @@ answer to 60 digits and applies `compare.round_matches`.
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import sympy
 from sympy.core.evalf import PrecisionExhausted
 
-from rstar2_verify.compare import Scalar, TooComplexError, exact_value, judge, round_matches
+from rstar2_verify.compare import Scalar, TooComplexError, exact_value, judge, near, round_matches
 from rstar2_verify.expr import (
     Add,
     Const,
@@ -144,10 +145,26 @@ def symbolic_scalar(max_digits: int) -> Scalar:
             if not value.is_real:
                 return False
             approx = Fraction(str(value))
-            return round_matches(gold.value, approx, gold.places)
+            return round_matches(gold.value, approx, gold.places) or near(
+                gold.value, approx, gold.places
+            )
+        if mode == "long":
+            assert isinstance(answer, Num) and answer.places is not None
+            value = sympy.N(g, 60)
+            if not value.is_real:
+                return False
+            return near(answer.value, Fraction(str(value)), answer.places)
         if mode == "prop":
             if g == 0 or a == 0:
                 return g == a
+            free = sorted(g.free_symbols | a.free_symbols, key=str)
+            if free:  # the ratio at one point, then g - ratio * a must vanish everywhere
+                subs = {s: sympy.Rational(*_point(k + 5)) for k, s in enumerate(free)}
+                at_g: Any = g.xreplace(subs)
+                at_a: Any = a.xreplace(subs)
+                ratio = sympy.nsimplify(at_g / at_a) if at_a != 0 else None
+                if ratio is not None and ratio.is_number and ratio.is_finite and ratio != 0:
+                    return _is_zero(g - ratio * a, g)
             ratio = sympy.simplify(g / a)
             return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
         if g.has(sympy.oo, -sympy.oo) or a.has(sympy.oo, -sympy.oo):

@@ -2,17 +2,40 @@
 
 Started by `pool.py` as a plain subprocess (not `multiprocessing`, so the parent's `__main__` is
 never re-imported and a script without an `if __name__ == "__main__"` guard, a notebook or a Ray
-actor can start it). It caps its own address space, imports sympy, says "ready" on the inherited
+actor can start it). It caps its own address space, imports sympy, warms it up
+on a few comparisons, says "ready" on the inherited
 socket, then answers (gold, answer) tree pairs with an `Outcome` until it reads None or EOF.
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 from multiprocessing.connection import Connection
 
 from rstar2_verify.pool import Outcome
+
+_WARM_UP = (
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("\\frac{22}{7}", "\\pi"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("x + y = 1", "2x + 2y = 2"),
+    ("\\sin^2 x + \\cos^2 x", "1"),
+    ("1.41", "\\sqrt{2}"),
+)
+
+
+def _warm_up(max_digits: int) -> None:
+    """Pay sympy's first-call costs (lazy imports, caches) before the worker joins the pool,
+    so that a fresh worker's first task is not the one that runs past the time limit."""
+    from rstar2_verify._latex import normalize
+    from rstar2_verify._symbolic import compare_trees
+    from rstar2_verify.parse import parse
+
+    for gold, answer in _WARM_UP:
+        with contextlib.suppress(Exception):  # a warm-up failure must not stop the worker
+            compare_trees(parse(normalize(gold)), parse(normalize(answer)), max_digits)
 
 
 def serve(conn: Connection, max_digits: int) -> None:
@@ -20,6 +43,7 @@ def serve(conn: Connection, max_digits: int) -> None:
     from rstar2_verify._symbolic import compare_trees
     from rstar2_verify.compare import TooComplexError
 
+    _warm_up(max_digits)
     conn.send("ready")
     while True:
         try:

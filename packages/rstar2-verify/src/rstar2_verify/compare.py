@@ -46,9 +46,18 @@ from rstar2_verify.expr import (
     Union,
 )
 
-__all__ = ["Scalar", "TooComplexError", "exact_scalar", "exact_value", "judge", "round_matches"]
+__all__ = [
+    "LONG_PLACES",
+    "Scalar",
+    "TooComplexError",
+    "exact_scalar",
+    "exact_value",
+    "judge",
+    "near",
+    "round_matches",
+]
 
-Scalar = Callable[[Node, Node, str], bool | None]  # mode: "eq", "prop" or "round"
+Scalar = Callable[[Node, Node, str], bool | None]  # mode: "eq", "prop", "round" or "long"
 
 
 class TooComplexError(ValueError):
@@ -175,6 +184,15 @@ def _function(node: Func, max_digits: int) -> Fraction | None:
     return None
 
 
+LONG_PLACES = 10
+
+
+def near(expansion: Fraction, value: Fraction, places: int) -> bool:
+    """A decimal of `LONG_PLACES` places or more is an expansion of `value` when it is
+    within one unit of its last place (rounded or truncated); shorter decimals never are."""
+    return places >= LONG_PLACES and abs(expansion - value) < Fraction(1, 10**places)
+
+
 def round_matches(gold: Fraction, value: Fraction, places: int) -> bool:
     """True when `value` rounded half away from zero to `places` decimals is `gold`."""
     scaled = math.floor(abs(value) * 10**places + Fraction(1, 2))
@@ -192,7 +210,10 @@ def exact_scalar(max_digits: int) -> Scalar:
             return None
         if mode == "round":
             assert isinstance(gold, Num) and gold.places is not None
-            return g == a or round_matches(g, a, gold.places)
+            return g == a or round_matches(g, a, gold.places) or near(g, a, gold.places)
+        if mode == "long":
+            assert isinstance(answer, Num) and answer.places is not None
+            return near(a, g, answer.places)
         return g == a
 
     return scalar
@@ -213,26 +234,70 @@ def _has_symbol(node: object) -> bool:
     return any(_has_symbol(getattr(node, s)) for s in slots)
 
 
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_OO = Const("oo")
+
+
+def _negate(node: Node) -> Node:
+    return Mul((Num(Fraction(-1)), node), (False, False))
+
+
+def _variable(node: Node) -> str | None:
+    """How an inequality item holds its variable: `x`, `-x` or `|x|`; None for neither."""
+    if isinstance(node, Sym):
+        return "x"
+    if (
+        isinstance(node, Mul)
+        and len(node.factors) == 2
+        and node.factors[0] == Num(Fraction(-1))
+        and isinstance(node.factors[1], Sym)
+        and not any(node.inverse)
+    ):
+        return "-x"
+    if isinstance(node, Func) and node.name == "abs" and isinstance(node.args[0], Sym):
+        return "|x|"
+    return None
+
+
 def _interval(rel: Rel) -> Node | None:
-    """`1 < x <= 3` as the interval (1, 3]; None when it is not a one-variable inequality."""
+    """`1 < x <= 3` as the interval (1, 3], `-x > -1` as x < 1, `|x| <= 3` as [-3, 3] and
+    `|x| > 3` as (-oo, -3) U (3, oo); None when it is not a one-variable inequality."""
     ops = list(rel.ops)
-    if not ops or any(op not in {"<", "<=", ">", ">="} for op in ops):
+    if not ops or any(op not in _FLIP for op in ops):
         return None
     items = list(rel.items)
     if ops[0] in {">", ">="}:
         if any(op in {"<", "<="} for op in ops):
             return None
         items.reverse()
-        ops = [{">": "<", ">=": "<="}[op] for op in reversed(ops)]
-    syms = [k for k, item in enumerate(items) if isinstance(item, Sym)]
-    if len(syms) != 1 or any(_has_symbol(x) for k, x in enumerate(items) if k != syms[0]):
+        ops = [_FLIP[op] for op in reversed(ops)]
+    elif any(op in {">", ">="} for op in ops):
         return None
-    k = syms[0]
+    kinds = [_variable(item) for item in items]
+    found = [k for k, kind in enumerate(kinds) if kind is not None]
+    if len(found) != 1 or any(_has_symbol(x) for k, x in enumerate(items) if k != found[0]):
+        return None
+    k = found[0]
+    if kinds[k] == "-x":  # -x < 1 is x > -1
+        var = items[k].factors[1]  # type: ignore[union-attr]
+        items = [var if j == k else _negate(x) for j, x in enumerate(items)][::-1]
+        ops = ops[::-1]  # negating flips each op, reversing flips it back
+        k = len(items) - 1 - k
+    if kinds[found[0]] == "|x|":
+        if len(items) != 2:
+            return None
+        c, closed = items[1 - k], ops[0] == "<="
+        if k == 0:  # |x| < c
+            return Seq((_negate(c), c), "[" if closed else "(", "]" if closed else ")")
+        return Union(
+            (
+                Seq((_negate(_OO), _negate(c)), "(", "]" if closed else ")"),
+                Seq((c, _OO), "[" if closed else "(", ")"),
+            )
+        )
     if len(items) == 2:
         lo, lo_op, hi, hi_op = (
-            (Mul((Num(Fraction(-1)), Const("oo")), (False, False)), "<", items[1], ops[0])
-            if k == 0
-            else (items[0], ops[0], Const("oo"), "<")
+            (_negate(_OO), "<", items[1], ops[0]) if k == 0 else (items[0], ops[0], _OO, "<")
         )
     elif len(items) == 3 and k == 1:
         lo, lo_op, hi, hi_op = items[0], ops[0], items[2], ops[1]
@@ -255,24 +320,102 @@ def _canon(node: Node) -> Node:
         return Seq((Add((base, node.delta)), Add((base, minus))), "{", "}")
     if isinstance(node, Union) and len(node.parts) == 1:
         return node.parts[0]
+    if isinstance(node, Add | Mul):
+        return _matrix_arithmetic(node) or node
     return node
 
 
-def _is_label(node: Node) -> bool:
-    """A lone symbol or a product of symbols only: `x`, `AB`, `f(x)`, `P(x)`."""
-    if isinstance(node, Sym):
-        return True
-    return (
-        isinstance(node, Mul)
-        and not any(node.inverse)
-        and all(isinstance(f, Sym) for f in node.factors)
+def _matrix_arithmetic(node: Add | Mul) -> Matrix | None:
+    """`A + B` and `A B` (also `2A`) of written matrices as one matrix of unevaluated entries;
+    None when the shapes do not fit or nothing is a matrix (the cost is linear in the entries
+    for sums and cubic for products of at most 8x8)."""
+    if isinstance(node, Add):
+        terms = [t for t in node.terms if isinstance(t, Matrix)]
+        shapes = {(len(t.rows), len(t.rows[0])) for t in terms}
+        if len(terms) != len(node.terms) or len(shapes) != 1:
+            return None
+        rows, cols = shapes.pop()
+        return Matrix(
+            tuple(
+                tuple(Add(tuple(t.rows[r][c] for t in terms)) for c in range(cols))
+                for r in range(rows)
+            )
+        )
+    if any(node.inverse) or not any(isinstance(f, Matrix) for f in node.factors):
+        return None
+    scalars = tuple(f for f in node.factors if not isinstance(f, Matrix))
+    if any(_has_matrix(f) for f in scalars):
+        return None
+    product: Matrix | None = None
+    for factor in node.factors:
+        if not isinstance(factor, Matrix):
+            continue
+        if product is None:
+            product = factor
+            continue
+        n, m, k = len(product.rows), len(factor.rows), len(factor.rows[0])
+        if len(product.rows[0]) != m or max(n, m, k) > 8:
+            return None
+        product = Matrix(
+            tuple(
+                tuple(
+                    Add(
+                        tuple(
+                            Mul((product.rows[i][t], factor.rows[t][j]), (False, False))
+                            for t in range(m)
+                        )
+                    )
+                    for j in range(k)
+                )
+                for i in range(n)
+            )
+        )
+    assert product is not None
+    if not scalars:
+        return product
+    return Matrix(
+        tuple(
+            tuple(Mul((*scalars, e), (False,) * (len(scalars) + 1)) for e in row)
+            for row in product.rows
+        )
     )
 
 
+def _has_matrix(node: object) -> bool:
+    if isinstance(node, Matrix):
+        return True
+    if isinstance(node, tuple):
+        return any(_has_matrix(x) for x in node)
+    return any(_has_matrix(getattr(node, s)) for s in getattr(type(node), "__slots__", ()))
+
+
+def _is_label(node: Node) -> bool:
+    """Symbols only: `x`, `AB`, `f(x)`, `\\frac{AB}{CD}`, a tuple `(a, b)`, a ratio `S_1:S_2`."""
+    if isinstance(node, Sym):
+        return True
+    if isinstance(node, Mul):
+        return all(_is_label(f) for f in node.factors)
+    if isinstance(node, Seq) and node.left in {"(", ":"} and node.items:
+        return all(_is_label(item) for item in node.items)
+    return False
+
+
+def _chain(rel: Rel) -> Rel:
+    """`y = 2+3 = 9 = 14` as `y = 14`: a chain of equalities states its first and last items."""
+    if len(rel.items) > 2 and all(op == "=" for op in rel.ops):
+        return Rel(("=",), (rel.items[0], rel.items[-1]))
+    return rel
+
+
 def _value_of(node: Node) -> Node:
-    """`x = 2` (also `f(x) = 2x`, `AB = 5`) as its right side, to compare with a non-relation."""
-    if isinstance(node, Rel) and node.ops == ("=",) and _is_label(node.items[0]):
-        return node.items[1]
+    """`x = 2` (also `f(x) = 2x`, `AB = 5`, `(a, b) = (5, 1)`) as its right side, and a
+    numeric equality (`\\sqrt{9} = 3`) as its last value, to compare with a non-relation."""
+    if isinstance(node, Rel):
+        node = _chain(node)
+    if isinstance(node, Rel) and node.ops == ("=",):
+        lhs, rhs = node.items
+        if _is_label(lhs) or not (_has_symbol(lhs) or _has_symbol(rhs)):
+            return rhs
     return node
 
 
@@ -315,10 +458,13 @@ def _sequence(gold: Seq, answer: Seq, scalar: Scalar) -> bool | None:
 
 def judge(gold: Node, answer: Node, scalar: Scalar) -> bool | None:
     """True/False when `answer` is/is not the same answer as `gold`; None when unsure."""
+    if gold == answer:  # the same tree (`x` and `x`): no scalar needed
+        return True
     gold, answer = _canon(gold), _canon(answer)
     if isinstance(gold, Rel) != isinstance(answer, Rel):
         gold, answer = _canon(_value_of(gold)), _canon(_value_of(answer))
     if isinstance(gold, Rel) and isinstance(answer, Rel):
+        gold, answer = _chain(gold), _chain(answer)
         if gold.ops == answer.ops and gold.ops != ("=",):
             return _ordered(gold.items, answer.items, scalar)
         if gold.ops == answer.ops == ("=",):
@@ -359,11 +505,18 @@ def _matrix(gold: Node, answer: Node, scalar: Scalar) -> bool | None:
 
 
 def _scalar(gold: Node, answer: Node, scalar: Scalar) -> bool | None:
+    long_answer = isinstance(answer, Num) and (answer.places or 0) >= LONG_PLACES
+    if long_answer and not (isinstance(gold, Num) and gold.places is not None):
+        return scalar(gold, answer, "long")  # 0.0833333333333333 for 1/12
     dropped: bool | None = False
     if isinstance(gold, Percent) or isinstance(answer, Percent):
         bare_g = gold.arg if isinstance(gold, Percent) else gold
         bare_a = answer.arg if isinstance(answer, Percent) else answer
-        dropped = scalar(bare_g, bare_a, "eq")
+        # the side without `%` must be a number as percentages are written (50, 12.5), not
+        # `40/9`, which is a quantity: `4\frac49\%` is 4/90, never 40/9
+        both = isinstance(gold, Percent) and isinstance(answer, Percent)
+        plain = both or isinstance(gold if bare_g is gold else answer, Num)
+        dropped = scalar(bare_g, bare_a, "eq") if plain else False
         if dropped:
             return True
     written = gold

@@ -1,14 +1,22 @@
 """Find the final answer in a model response, and say where it came from.
 
-Order (first that yields wins):
+The response is first cleaned (`_prose.clean`: cut at a chat-template token, "I hope it is
+correct." dropped, doubled escapes undone). Order (first that yields wins):
 
 1. `answer_box`: the last `\\boxed{}` / `\\fbox{}` inside the last `<answer>...</answer>` block.
 2. `boxed`: the last box anywhere outside `<think>`, `<reason>`, `<tool_call>` and
    `<tool_response>` blocks (a response that starts inside a pre-filled `<reason>` and only closes
    it is handled: everything before the last closing tag is thinking).
-3. `answer_tag`: the text of the `<answer>` block itself when it holds no box and is short.
-4. `final_answer_line`: the rest of the last "final answer:" / "the answer is" line.
-5. `raw`: the whole (thinking-free) text when it is short, i.e. already an extracted answer.
+3. `answer_tag`: the text of the `<answer>` block itself when it holds no box and is short
+   (its answer sentence when it is prose).
+4. `final_answer_line`: the answer sentence after the last "final answer:" / "the answer is" /
+   "answer:" / "Answer $..$" / `####` anchor (a display block after it may span lines).
+5. `raw`: the whole (thinking-free) text when it is short and not prose, i.e. already an answer.
+6. `last_sentence`: the answer sentence (`_prose.answer_in`) of the last sentence of prose;
+   a long text must end a sentence (".", "!"), so a rollout cut off mid-sentence by the token
+   limit never has its last intermediate value read as its answer.
+
+`gold_answer(gold)` applies the same reading to a gold that is a worked solution.
 
 Several boxes: the last one wins (a retracted "\\boxed{5} ... no, \\boxed{7}" gives 7), except
 that boxes separated only by commas, "and", semicolons, dollars or spaces are one list answer
@@ -24,14 +32,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Extraction", "extract_answer", "find_boxes"]
+from rstar2_verify._prose import answer_in, clean, is_prose, last_sentence, math_spans
+
+__all__ = ["Extraction", "extract_answer", "find_boxes", "gold_answer"]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOX_SCAN = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*|\\[{}]|[{}]")
 _HIDDEN_TAGS = ("think", "reason", "tool_call", "tool_response")
 _SEPARATOR = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*and\s*\}|and|\\,)*$")
+_FINISHED = re.compile(r"[.!]\s*(?:\$+|\\\]|\\\))?\s*$")
 _ANSWER_LINE = re.compile(
-    r"(?:final\s+answer|the\s+answer\s+is|answer\s*:)\s*(?:is\s*)?:?\s*(?P<rest>[^\n]*)",
+    r"(?:final\s+answer|the\s+answer\s+is|answer\s*:|\banswer\b(?=\s*(?:\$|\\\(|\\\[))|####)"
+    r"\s*(?:is\s*)?:?\s*(?P<rest>[^\n]*)",
     re.IGNORECASE,
 )
 
@@ -170,7 +182,7 @@ def _last_answer(text: str) -> str | None:
 
 def extract_answer(response: str, max_raw_chars: int = 300) -> Extraction:
     """The final answer of `response` and its source; `text` is None when none is found."""
-    visible = _strip_hidden(response)
+    visible = _strip_hidden(clean(response))
     block: str | None = None
     start = visible.rfind("<answer>")
     if start >= 0:
@@ -184,23 +196,72 @@ def extract_answer(response: str, max_raw_chars: int = 300) -> Extraction:
         return Extraction(boxed, "boxed")
     if block is not None and block.strip() and len(block.strip()) <= max_raw_chars:
         inner = _answer_line(block)
-        return Extraction(inner if inner is not None else block.strip(), "answer_tag")
+        if inner is None:
+            inner = answer_in(last_sentence(block)) if is_prose(block) else block.strip()
+        return Extraction(inner, "answer_tag")
     line = _answer_line(visible)
     if line is not None:
         return Extraction(line, "final_answer_line")
     stripped = visible.strip()
-    if stripped and len(stripped) <= max_raw_chars:
+    if stripped and len(stripped) <= max_raw_chars and not is_prose(stripped):
         return Extraction(stripped, "raw")
+    long_and_cut = len(stripped) > max_raw_chars and not _FINISHED.search(stripped[-20:])
+    if stripped and not long_and_cut:  # a long text cut mid-sentence (out of tokens) has none
+        sentence = last_sentence(stripped)
+        found = answer_in(sentence)
+        if found != sentence.strip().rstrip(".").strip() or len(stripped) <= max_raw_chars:
+            return Extraction(found, "last_sentence")
     return Extraction(None, "none")
+
+
+def gold_answer(gold: str) -> str:
+    """The answer of a gold that is a worked solution (last box, GSM8K `####`, an answer
+    sentence); a gold that is already an answer comes back as it is, stripped."""
+    text = clean(gold)
+    boxed = _last_answer(text)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    if is_prose(text):
+        found = extract_answer(text).text
+        if found:
+            return found.strip()
+    return text.strip()
 
 
 def _answer_line(text: str) -> str | None:
     # Only the tail is searched: an answer line is near the end, and this bounds the cost.
-    matches = list(_ANSWER_LINE.finditer(text[-5000:]))
+    tail = text[-5000:]
+    matches = list(_ANSWER_LINE.finditer(tail))
     if not matches:
         return None
     rest = matches[-1].group("rest")
-    while (again := _ANSWER_LINE.search(rest)) is not None:  # "Final answer: the answer is 5"
+    for opener, closer in (("$$", "$$"), ("\\[", "\\]")):  # a display block over several lines
+        begin = matches[-1].start("rest")
+        if rest.strip().startswith(opener) and closer not in rest.strip()[len(opener) :]:
+            close = tail.find(closer, tail.find(opener, begin) + len(opener))
+            if close >= 0:
+                rest = tail[begin : close + len(closer)].replace("\n", " ")
+    for _ in range(3):  # "Final answer: the answer is 5" (bounded: each search is linear)
+        again = _ANSWER_LINE.search(rest)
+        if again is None:
+            break
         rest = again.group("rest")
-    rest = rest.strip().strip("*").strip().rstrip(".").strip()  # "**Answer:** 5."
-    return rest or None
+    rest = rest.strip().strip("*").strip()  # "**Answer:** 5."
+    if not rest:
+        return None
+    return answer_in(_first_sentence(rest)) or None
+
+
+def _first_sentence(text: str) -> str:
+    """`text` up to the first sentence end outside maths spans and decimal points."""
+    spans = math_spans(text)
+    if spans and spans[0][1] == 0:
+        return text[: spans[0][2]]
+    masked = list(text)
+    for _, a, b in spans:
+        masked[a:b] = "#" * (b - a)
+    flat = re.sub(r"(?<=\d)\.(?=\d)", "#", "".join(masked))
+    m = re.search(r"[.!?](?:\s|$)|\n", flat)
+    return text[: m.start()] if m else text

@@ -30,7 +30,7 @@ from rstar2_verify._latex import normalize
 from rstar2_verify.compare import TooComplexError, exact_scalar, judge
 from rstar2_verify.config import VerifyConfig
 from rstar2_verify.expr import Node
-from rstar2_verify.extract import extract_answer, find_boxes
+from rstar2_verify.extract import extract_answer, gold_answer
 from rstar2_verify.parse import ParseError, nesting_depth, parse
 from rstar2_verify.pool import WorkerPool
 
@@ -103,8 +103,7 @@ def _prepare_unsafe(
     if len(response_text) > config.max_response_chars:
         return done(False, "", "too_long")
     extraction = extract_answer(response_text, config.max_raw_chars)
-    boxes = find_boxes(gold_text) if "\\boxed" in gold_text or "\\fbox" in gold_text else []
-    gold_text = (boxes[-1][0] if boxes else gold_text).strip()
+    gold_text = gold_answer(gold_text)
     if extraction.text is None:
         return done(False, "", "no_answer", None, gold_text, extraction.source)
     answer = extraction.text.strip()

@@ -4,7 +4,8 @@ A hand-written tokenizer and recursive-descent parser; no `eval`, no `sympy.pars
 ANTLR. Grammar, loosest first:
 
     list    := rel ((',' | ';' | 'or' | 'and') rel)*          several items: Seq with no brackets
-    rel     := union (relop union)*                          = \\ne < \\le > \\ge \\in
+    rel     := ratio (relop ratio)*                          = \\ne < \\le > \\ge \\in
+    ratio   := union (':' union)*                            3:8, a Seq with ":" brackets
     union   := pm ('\\cup' pm)*
     pm      := ['\\pm'] sum ['\\pm' sum]
     sum     := term (('+' | '-') term)*
@@ -102,8 +103,8 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
             low = value.lower()
             if low in _FUNCS or low in {"or", "and", "pi", "sqrt", "infinity", "inf", "oo"}:
                 tokens.append(("word", low))
-            elif len(value) > 2:
-                raise ParseError(f"text {value!r} is not maths")
+            elif len(value) > 2 and not (value.isupper() and len(value) <= 4):
+                raise ParseError(f"text {value!r} is not maths")  # ABC, ABCD: point names
             else:
                 tokens.extend(("letter", c) for c in value)
         else:
@@ -147,17 +148,25 @@ class _Parser:
     def list_(self) -> Node:
         items = [self.rel()]
         while self.peek()[1] in {",", ";", "or", "and"} and self.peek()[0] != "end":
-            self.next()
+            if self.next()[1] in {",", ";"} and self.peek()[1] in {"or", "and"}:
+                self.next()  # "19, 46, and 82"
             items.append(self.rel())
         return items[0] if len(items) == 1 else Seq(tuple(items), "", "")
 
     def rel(self) -> Node:
-        items, ops = [self.union()], []
+        items, ops = [self.ratio()], []
         while (op := _RELOPS.get(self.peek()[1])) is not None:
             self.next()
             ops.append(op)
-            items.append(self.union())
+            items.append(self.ratio())
         return Rel(tuple(ops), tuple(items)) if ops else items[0]
+
+    def ratio(self) -> Node:
+        """`3:8` (also `S_1:S_2`): an ordered Seq with ":" brackets."""
+        items = [self.union()]
+        while self.accept(":"):
+            items.append(self.union())
+        return Seq(tuple(items), ":", ":") if len(items) > 1 else items[0]
 
     def union(self) -> Node:
         parts = [self.pm()]
@@ -282,6 +291,8 @@ class _Parser:
                 return Const("i")
             return Sym(name)
         if kind == "word":
+            if value in {"or", "and"}:
+                raise ParseError(f"unexpected {value!r}")
             if value in {"pi"}:
                 return Const("pi")
             if value in {"infinity", "inf", "oo"}:
@@ -319,8 +330,8 @@ class _Parser:
             raise ParseError(f"unclosed {left!r}")
         if isinstance(node, Seq) and not node.left:
             return Seq(node.items, left, right)
-        if left == "(" and right == ")":
-            return node
+        if (left == "(" and right == ")") or (left + right == "[]" and isinstance(node, Matrix)):
+            return node  # `\left[\begin{array}...\end{array}\right]` is that matrix
         return Seq((node,), left, right)
 
     def function(self, name: str) -> Node:
