@@ -119,7 +119,9 @@ def test_a_weight_stream_over_the_models_size_is_refused() -> None:
 
 
 def test_a_tokenless_non_loopback_bind_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(InsecureBindError, match="refusing to listen on 0.0.0.0 without a token"):
+    with pytest.raises(
+        InsecureBindError, match=r"refusing to listen on 0\.0\.0\.0 without a token"
+    ):
         bind("0.0.0.0:0")
     (tmp_path / "config.json").write_text("{}")
     out = subprocess.run(
