@@ -23,7 +23,7 @@ from rstar2_rollout.scheduler import Scheduler
 from rstar2_sandbox import Sandbox
 from rstar2_trainer.collect import EngineMeter
 from rstar2_trainer.config import ConfigError, PretrainedModelConfig, ServiceConfig, TrainerConfig
-from rstar2_trainer.servers import ChildServer, console_script
+from rstar2_trainer.servers import ChildServer, RunToken, console_script, service_token
 from rstar2_trainer.verifier import Verifier
 
 if TYPE_CHECKING:
@@ -148,7 +148,10 @@ def grpc_healthy(address: str) -> bool:
 
 
 async def _open_sandbox(
-    config: TrainerConfig, service: ServiceConfig, servers: list[ChildServer]
+    config: TrainerConfig,
+    service: ServiceConfig,
+    servers: list[ChildServer],
+    token: RunToken | None = None,
 ) -> Sandbox:
     limits = config.sandbox
     if service.mode == "local":
@@ -169,17 +172,22 @@ async def _open_sandbox(
             "--max-output-bytes",
             str(limits.max_output_bytes),
         ]
-        server = ChildServer("sandbox", argv, port=service.port, health=grpc_healthy)
+        server = ChildServer(
+            "sandbox", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
+        )
         servers.append(server)
         address = server.start()
     from rstar2_sandbox.client import SandboxClient
 
     assert address is not None
-    return SandboxClient([address])
+    return SandboxClient([address], token=service_token(service, token))
 
 
 async def _open_verifier(
-    config: TrainerConfig, service: ServiceConfig, servers: list[ChildServer]
+    config: TrainerConfig,
+    service: ServiceConfig,
+    servers: list[ChildServer],
+    token: RunToken | None = None,
 ) -> Verifier:
     if service.mode == "local":
         return Verifier.local(config.verify)
@@ -193,11 +201,17 @@ async def _open_verifier(
             "--timeout-s",
             str(config.verify.timeout_s),
         ]
-        server = ChildServer("verify", argv, port=service.port, health=grpc_healthy)
+        server = ChildServer(
+            "verify", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
+        )
         servers.append(server)
         address = server.start()
     assert address is not None
-    return Verifier.remote(address)
+    return Verifier.remote(address, token=service_token(service, token))
+
+
+def _path(token: RunToken | None) -> Path | None:
+    return token.path if token is not None else None
 
 
 @contextlib.asynccontextmanager
@@ -216,9 +230,10 @@ async def open_parts(
         stack.callback(_stop_all, servers)
         model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)
-        sandbox = await _open_sandbox(config, config.sandbox_service, servers)
+        token = RunToken.create(run_dir)
+        sandbox = await _open_sandbox(config, config.sandbox_service, servers, token)
         stack.push_async_callback(sandbox.close)
-        verifier = await _open_verifier(config, config.verify_service, servers)
+        verifier = await _open_verifier(config, config.verify_service, servers, token)
         stack.push_async_callback(verifier.close)
         engines = [EngineMeter(e) for e in build_engines(config, model_dir, model, tokenizer)]
         for engine in engines:

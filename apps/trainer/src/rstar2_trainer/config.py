@@ -141,6 +141,9 @@ class ServiceConfig(_Section):
     address: str | None = Field(default=None, description="host:port when mode is address.")
     port: int = Field(default=0, ge=0, le=65535, description="Port of a child server; 0: free.")
     workers: int = Field(default=2, gt=0, description="Worker processes of a child server.")
+    token_file: str | None = Field(
+        default=None, description="Token file (0600) of the server when mode is address."
+    )
 
 
 class EvalConfig(_Section):
@@ -243,6 +246,9 @@ class RemoteRolloutConfig(_Section):
     )
     chunk_bytes: int = Field(
         default=4 << 20, gt=0, le=32 << 20, description="Piece size of the weight-update stream."
+    )
+    token_file: str | None = Field(
+        default=None, description="Token file (0600) the workers were started with (--token-file)."
     )
 
 

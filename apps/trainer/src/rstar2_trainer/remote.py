@@ -37,7 +37,7 @@ from rstar2_rollout import RolloutClient, RolloutConfig, RolloutError, RolloutSa
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_rollout.weights import to_safetensors
 from rstar2_trainer.config import RemoteRolloutConfig, TrainerConfig
-from rstar2_trainer.servers import ServerError
+from rstar2_trainer.servers import RunToken, ServerError, read_service_token
 
 if TYPE_CHECKING:
     from rstar2_trainer.build import Parts
@@ -63,9 +63,10 @@ class RemoteWorkers:
     async def connect(cls, config: RemoteRolloutConfig) -> RemoteWorkers:
         """Reach every worker (retrying until `connect_timeout_s`) and read its engines."""
         workers: list[Worker] = []
+        token = read_service_token(config.token_file) if config.token_file else None
         try:
             for address in config.workers:
-                client = RolloutClient(address)
+                client = RolloutClient(address, token=token)
                 workers.append(Worker(address, client, 0))
                 workers[-1].engines = await _healthy_engines(client, address, config)
         except BaseException:
@@ -140,7 +141,8 @@ async def open_remote_parts(
         stack.callback(_stop_all, servers)
         model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)
-        verifier = await _open_verifier(config, config.verify_service, servers)
+        token = RunToken.create(run_dir)
+        verifier = await _open_verifier(config, config.verify_service, servers, token)
         stack.push_async_callback(verifier.close)
         remote = await RemoteWorkers.connect(config.remote)
         stack.push_async_callback(remote.close)
