@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ async def _serve(token: str | None) -> tuple[grpc.aio.Server, int, _Echo]:
 async def _call_all(channel: grpc.aio.Channel) -> list[Any]:
     """Each of the four call shapes; an error comes back as (code, details)."""
 
-    async def chunks() -> Any:
+    async def chunks() -> AsyncIterator[bytes]:
         for part in (b"ab", b"cd"):
             yield part
 
