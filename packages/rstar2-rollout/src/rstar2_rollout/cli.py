@@ -172,6 +172,9 @@ async def _serve(args: argparse.Namespace) -> None:
     sandbox_token = _token(args.sandbox_token_file) if args.sandbox_token_file else token
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
+    for pem in (args.tls_cert, args.tls_key):
+        if pem is not None and not os.access(pem, os.R_OK):
+            raise UsageError(f"cannot read {pem}: give a readable PEM file")
     try:
         check_bind(args.host, token, args.insecure)
     except InsecureBindError as exc:
