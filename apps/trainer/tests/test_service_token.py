@@ -70,3 +70,41 @@ def test_an_exposed_token_file_for_a_remote_service_is_one_line(tmp_path: Path) 
     )
     path.chmod(0o600)
     assert service_token(service, None) == "abc"
+
+
+@pytest.mark.slow  # starts a sandbox (numpy, sympy preloaded) and a verify server: ~20 s here
+def test_node_servers_write_their_own_token_file_and_require_it() -> None:
+    """What a cluster node's actor does (run here as a plain object: no Ray needed)."""
+    from rstar2_sandbox import ExecutionRequest
+    from rstar2_sandbox.client import SandboxClient
+    from rstar2_trainer.engine_actor import NodeServers
+
+    secret = "node-secret-token"
+    node = NodeServers(["--workers", "1"], ["--workers", "1"], host="127.0.0.1", token=secret)
+    try:
+        assert node._token_dir is not None
+        folder = Path(node._token_dir)
+        file = folder / "service.token"
+        modes = stat.S_IMODE(folder.stat().st_mode), stat.S_IMODE(file.stat().st_mode)
+        addresses = node.addresses()
+
+        async def calls() -> tuple[object, object, object]:
+            results = []
+            for token in (None, secret):
+                async with SandboxClient(addresses["sandbox"], token=token) as sandbox:
+                    results.append(await sandbox.execute(ExecutionRequest(code="6 * 7")))
+            verifier = Verifier.remote(addresses["verify"], token=secret)
+            try:
+                graded = [g.correct for g in await verifier.grade_many([("\\boxed{4}", "4")])]
+            finally:
+                await verifier.close()
+            return results[0], results[1], graded
+
+        refused, answered, graded = asyncio.run(calls())
+    finally:
+        node.stop()
+    assert modes == (0o700, 0o600)
+    assert "UNAUTHENTICATED" in refused.message  # pyright: ignore[reportAttributeAccessIssue]
+    assert answered.result_repr == "42"  # pyright: ignore[reportAttributeAccessIssue]
+    assert graded == [True]
+    assert not folder.exists()  # removed on stop
