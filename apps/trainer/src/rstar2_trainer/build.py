@@ -28,7 +28,7 @@ from rstar2_trainer.collect import TrajectorySource
 from rstar2_trainer.config import ConfigError, PretrainedModelConfig, ServiceConfig, TrainerConfig
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.remote import RemoteWorkers
-from rstar2_trainer.servers import ChildServer, console_script
+from rstar2_trainer.servers import ChildServer, RunToken, console_script, service_token
 from rstar2_trainer.verifier import Scorer, Verifier
 
 
@@ -169,7 +169,10 @@ def grpc_healthy(address: str) -> bool:
 
 
 async def _open_sandbox(
-    config: TrainerConfig, service: ServiceConfig, servers: list[ChildServer]
+    config: TrainerConfig,
+    service: ServiceConfig,
+    servers: list[ChildServer],
+    token: RunToken | None = None,
 ) -> Sandbox:
     limits = config.sandbox
     if service.mode == "local":
@@ -190,17 +193,22 @@ async def _open_sandbox(
             "--max-output-bytes",
             str(limits.max_output_bytes),
         ]
-        server = ChildServer("sandbox", argv, port=service.port, health=grpc_healthy)
+        server = ChildServer(
+            "sandbox", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
+        )
         servers.append(server)
         address = server.start()
     from rstar2_sandbox.client import SandboxClient
 
     assert address is not None
-    return SandboxClient([address])
+    return SandboxClient([address], token=service_token(service, token))
 
 
 async def _open_verifier(
-    config: TrainerConfig, service: ServiceConfig, servers: list[ChildServer]
+    config: TrainerConfig,
+    service: ServiceConfig,
+    servers: list[ChildServer],
+    token: RunToken | None = None,
 ) -> Verifier:
     if service.mode == "local":
         return Verifier.local(config.verify)
@@ -214,11 +222,17 @@ async def _open_verifier(
             "--timeout-s",
             str(config.verify.timeout_s),
         ]
-        server = ChildServer("verify", argv, port=service.port, health=grpc_healthy)
+        server = ChildServer(
+            "verify", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
+        )
         servers.append(server)
         address = server.start()
     assert address is not None
-    return Verifier.remote(address)
+    return Verifier.remote(address, token=service_token(service, token))
+
+
+def _path(token: RunToken | None) -> Path | None:
+    return token.path if token is not None else None
 
 
 @contextlib.asynccontextmanager
@@ -231,7 +245,8 @@ async def open_parts(
         stack.callback(_stop_all, servers)
         model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)
-        verifier = await _open_verifier(config, config.verify_service, servers)
+        token = RunToken.create(run_dir)
+        verifier = await _open_verifier(config, config.verify_service, servers, token)
         stack.push_async_callback(verifier.close)
         scorer = Scorer(verifier, config.reward, tokenizer)
         if config.remote is not None:

@@ -54,6 +54,7 @@ from rstar2_trainer.build import (
 )
 from rstar2_trainer.config import ClusterConfig, TrainerConfig
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.servers import RunToken
 from rstar2_trainer.verifier import Scorer, Verifier
 from rstar2_verify import Grade
 
@@ -223,12 +224,12 @@ async def sync_weights(
 class VerifyPool:
     """Grades over the verify servers of every node: least outstanding first, fail over."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], token: str | None = None) -> None:
         from rstar2_verify.client import VerifyClient
 
         if not addresses:
             raise ValueError("VerifyPool needs at least one address")
-        self._clients = [VerifyClient(a) for a in addresses]
+        self._clients = [VerifyClient(a, token=token) for a in addresses]
         self._outstanding = [0] * len(self._clients)
 
     async def grade_many(self, pairs: Sequence[tuple[str, str]]) -> list[Grade]:
@@ -267,9 +268,13 @@ def _service_args(config: TrainerConfig, cluster: ClusterConfig) -> tuple[list[s
 
 
 async def start_node_servers(
-    config: TrainerConfig, cluster: ClusterConfig, stack: contextlib.AsyncExitStack
+    config: TrainerConfig,
+    cluster: ClusterConfig,
+    stack: contextlib.AsyncExitStack,
+    token: str | None = None,
 ) -> list[dict[str, str]]:
-    """A `NodeServers` actor on every alive node; return each node's server addresses."""
+    """A `NodeServers` actor on every alive node; return each node's server addresses. With
+    `token`, each actor writes it to a 0600 file of its own node and its servers require it."""
     from rstar2_trainer.engine_actor import NodeServers
 
     ray = _ray()
@@ -284,6 +289,7 @@ async def start_node_servers(
                 verify_args,
                 host=cluster.services_host or node["NodeManagerAddress"],
                 ready_timeout_s=cluster.start_timeout_s,
+                token=token,
             )
         )
         actors.append(actor)
@@ -393,10 +399,11 @@ async def open_cluster_parts(
             stack.callback(_ray().shutdown)
         model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)
-        nodes = await start_node_servers(config, placement, stack)
-        sandbox = SandboxClient([n["sandbox"] for n in nodes])
+        token = RunToken.create(run_dir)
+        nodes = await start_node_servers(config, placement, stack, token.value)
+        sandbox = SandboxClient([n["sandbox"] for n in nodes], token=token.value)
         stack.push_async_callback(sandbox.close)
-        verifier = Verifier(_client=VerifyPool([n["verify"] for n in nodes]))
+        verifier = Verifier(_client=VerifyPool([n["verify"] for n in nodes], token.value))
         stack.push_async_callback(verifier.close)
         started = await start_engines(config, placement, model_dir, max_model_len(config))
         engines = [EngineMeter(e) for e in started]

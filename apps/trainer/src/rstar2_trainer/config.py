@@ -160,6 +160,9 @@ class ServiceConfig(_Section):
     address: str | None = Field(default=None, description="host:port when mode is address.")
     port: int = Field(default=0, ge=0, le=65535, description="Port of a child server; 0: free.")
     workers: int = Field(default=2, gt=0, description="Worker processes of a child server.")
+    token_file: str | None = Field(
+        default=None, description="Token file (0600) of the server when mode is address."
+    )
 
     @model_validator(mode="after")
     def _address_with_its_mode(self) -> ServiceConfig:
@@ -315,6 +318,9 @@ class RemoteRolloutConfig(_Section):
         default=4,
         gt=0,
         description="Problems a worker runs at once per healthy engine; more wait in one queue.",
+    )
+    token_file: str | None = Field(
+        default=None, description="Token file (0600) the workers were started with (--token-file)."
     )
 
 

@@ -20,10 +20,14 @@ These classes are plain: `cluster.py` wraps them with `ray.remote` and places th
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from rstar2_proto.auth import write_token_file
 from rstar2_rollout.config import VLLMEngineConfig
 from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
 from rstar2_trainer.servers import ChildServer, console_script
@@ -98,7 +102,10 @@ def _health(address: str) -> bool:
 
 
 class NodeServers:
-    """One node's sandbox and verify servers, children of this actor, on the node's IP."""
+    """One node's sandbox and verify servers, children of this actor, on the node's IP.
+
+    With `token`, the actor writes it to a 0600 file in a private (0700) folder of its own node
+    and starts both servers with `--token-file`; the file is removed on `stop`."""
 
     def __init__(
         self,
@@ -106,10 +113,16 @@ class NodeServers:
         verify_args: Sequence[str],
         host: str | None = None,
         ready_timeout_s: float = 120.0,
+        token: str | None = None,
     ) -> None:
         import ray
 
         self.host = host or ray.util.get_node_ip_address()
+        self._token_dir = tempfile.mkdtemp(prefix="rstar2-token-") if token else None
+        token_file = None
+        if token and self._token_dir:
+            token_file = Path(self._token_dir) / "service.token"
+            write_token_file(token_file, token)
         self._servers = [
             ChildServer(
                 "sandbox",
@@ -117,6 +130,7 @@ class NodeServers:
                 host=self.host,
                 ready_timeout_s=ready_timeout_s,
                 health=_health,
+                token_file=token_file,
             ),
             ChildServer(
                 "verify",
@@ -124,6 +138,7 @@ class NodeServers:
                 host=self.host,
                 ready_timeout_s=ready_timeout_s,
                 health=_health,
+                token_file=token_file,
             ),
         ]
         try:
@@ -145,3 +160,5 @@ class NodeServers:
     def stop(self) -> None:
         for server in reversed(self._servers):
             server.stop()
+        if self._token_dir is not None:
+            shutil.rmtree(self._token_dir, ignore_errors=True)

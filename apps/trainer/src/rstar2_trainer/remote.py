@@ -35,7 +35,7 @@ from rstar2_rollout import Problem as RolloutProblem
 from rstar2_rollout import RolloutClient, RolloutError, RolloutSampling, WorkerResult
 from rstar2_rollout.weights import to_safetensors
 from rstar2_trainer.config import RemoteRolloutConfig
-from rstar2_trainer.servers import ServerError
+from rstar2_trainer.servers import ServerError, read_service_token
 
 
 @dataclass
@@ -66,9 +66,10 @@ class RemoteWorkers:
     ) -> RemoteWorkers:
         """Reach every worker (retrying until `connect_timeout_s`) and read its engines."""
         workers: list[Worker] = []
+        token = read_service_token(config.token_file) if config.token_file else None
         try:
             for address in config.workers:
-                client = RolloutClient(address)
+                client = RolloutClient(address, token=token)
                 workers.append(Worker(address, client, 0))
                 workers[-1].engines = await _healthy_engines(client, address, config)
         except BaseException:

@@ -9,6 +9,11 @@ and run gRPC's fork handlers in the child, which may start a poller thread that 
 with "epoll_wait error: Bad file descriptor" once the fds are closed before exec. What goes wrong becomes a
 `ServerError` whose message says what to do: a port already in use, a server that exits during
 start-up (with the tail of its stderr), a server that never becomes healthy, one that dies later.
+
+Access: `RunToken.create(run_dir)` makes the run's secret and writes it to `run_dir/service.token`
+(mode 0600); a `ChildServer` given `token_file=` starts its server with `--token-file PATH`, so
+the secret is never on a command line or in the environment, and the trainer's clients send the
+token's `value`. The readiness probe uses the health check, which needs no token.
 """
 
 from __future__ import annotations
@@ -23,16 +28,51 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import grpc
+
+from rstar2_proto.auth import TokenFileError, new_token, read_token_file, write_token_file
 
 _PR_SET_PDEATHSIG = 1
 
 
 class ServerError(RuntimeError):
     """A child server could not start, or stopped; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class RunToken:
+    """The run's service token: the 0600 file the servers read, and its value for the clients."""
+
+    path: Path
+    value: str = field(repr=False)
+
+    @classmethod
+    def create(cls, run_dir: Path) -> RunToken:
+        """A fresh token in `run_dir/service.token` (mode 0600; replaces an older one)."""
+        path = Path(run_dir) / "service.token"
+        return cls(path, write_token_file(path, new_token()))
+
+
+def service_token(service: Any, token: RunToken | None) -> str | None:
+    """The token a client of `service` (a `ServiceConfig`) sends: the run's for a child server,
+    the one in `service.token_file` for a server at an address, none otherwise."""
+    if service.mode == "child":
+        return token.value if token is not None else None
+    if service.mode == "address" and service.token_file:
+        return read_service_token(service.token_file)
+    return None
+
+
+def read_service_token(path: str) -> str:
+    """The token in `path`; ServerError with the one-line reason when it cannot be used."""
+    try:
+        return read_token_file(path)
+    except TokenFileError as exc:
+        raise ServerError(str(exc)) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,11 +129,13 @@ class ChildServer:
         port: int = 0,
         ready_timeout_s: float = 60.0,
         health: Callable[[str], bool] | None = None,
+        token_file: Path | None = None,
     ) -> None:
+        """`token_file`: passed as `--token-file`; the server then needs the token."""
         self.name = name
         self.host = host
         self.port = port
-        self._argv = list(argv)
+        self._argv = list(argv) + (["--token-file", str(token_file)] if token_file else [])
         self._ready_timeout_s = ready_timeout_s
         self._health = health
         self._proc: subprocess.Popen[bytes] | None = None

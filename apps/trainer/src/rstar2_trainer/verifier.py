@@ -27,10 +27,10 @@ class Verifier:
     _grader: Any = None
 
     @classmethod
-    def remote(cls, address: str, **client: Any) -> Verifier:
+    def remote(cls, address: str, token: str | None = None) -> Verifier:
         from rstar2_verify.client import VerifyClient
 
-        return cls(_client=VerifyClient(address, **client))
+        return cls(_client=VerifyClient(address, token=token))
 
     @classmethod
     def local(cls, config: VerifyConfig) -> Verifier:

@@ -8,7 +8,10 @@ free port; a parent process reads that line). The agent loop's settings (system 
 output truncation, tool timeout) are the worker's own flags and must match the trainer's recipe;
 a request carries sampling, budget, turns and seed. A user mistake (no model folder, a port in
 use, a sandbox that does not answer, an engine extra not installed) is one line on stderr and
-exit code 2, never a traceback. Not covered: TLS, authentication, several models per worker.
+exit code 2, never a traceback. `--token-file F` (mode 0600) makes every call need the run's
+token, which is also sent to the sandbox (or `--sandbox-token-file`); a non-loopback `--host`
+without a token is refused unless `--insecure`; `--tls-cert/--tls-key` serve over TLS. Not
+covered: several models per worker.
 """
 
 from __future__ import annotations
@@ -92,7 +95,16 @@ def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig,
     return rollout, SchedulerConfig(policy=policy), worker
 
 
-async def _open_sandbox(address: str) -> Any:
+def _token(path: str | None) -> str | None:
+    from rstar2_proto.auth import TokenFileError, read_token_file
+
+    try:
+        return read_token_file(path) if path else None
+    except TokenFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def _open_sandbox(address: str, token: str | None = None) -> Any:
     if address == "local":
         from rstar2_sandbox import LocalSandbox, SandboxConfig
 
@@ -101,7 +113,7 @@ async def _open_sandbox(address: str) -> Any:
         return sandbox
     from rstar2_sandbox.client import SandboxClient
 
-    client = SandboxClient([address])
+    client = SandboxClient([address], token=token)
     if not await client.info():
         await client.close()
         raise UsageError(f"no sandbox server answered at {address}: start `rstar2-sandbox serve`")
@@ -139,6 +151,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from rstar2_proto.auth import InsecureBindError, check_bind
     from rstar2_rollout.scheduler import Scheduler
     from rstar2_rollout.server import bind
     from rstar2_rollout.weights import WeightSpec
@@ -155,14 +168,31 @@ async def _serve(args: argparse.Namespace) -> None:
         # transformers reports no KV cache: let each engine hold a few full-length trajectories
         policy = scheduling.policy.model_copy(update={"kv_tokens_fallback": 4 * args.max_model_len})
         scheduling = SchedulerConfig(policy=policy)
+    token = _token(args.token_file)
+    sandbox_token = _token(args.sandbox_token_file) if args.sandbox_token_file else token
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    for pem in (args.tls_cert, args.tls_key):
+        if pem is not None and not os.access(pem, os.R_OK):
+            raise UsageError(f"cannot read {pem}: give a readable PEM file")
+    try:
+        check_bind(args.host, token, args.insecure)
+    except InsecureBindError as exc:
+        raise UsageError(str(exc)) from None
     _check_port_free(args.host, args.port)
     try:
-        server = bind(f"{args.host}:{args.port}")
+        server = bind(
+            f"{args.host}:{args.port}",
+            token=token,
+            tls_cert_file=args.tls_cert,
+            tls_key_file=args.tls_key,
+            insecure=args.insecure,
+        )
     except OSError as exc:
         raise UsageError(f"{exc}; choose another --port (0 picks a free one)") from None
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, 2.0)
-        sandbox = await _open_sandbox(args.sandbox)
+        sandbox = await _open_sandbox(args.sandbox, sandbox_token)
         stack.push_async_callback(sandbox.close)
         engines = _build_engines(configs)
         for engine in engines:
@@ -199,10 +229,10 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-async def _info(address: str) -> None:
+async def _info(address: str, token: str | None) -> None:
     from rstar2_rollout.client import RolloutClient, RolloutError
 
-    async with RolloutClient(address) as client:
+    async with RolloutClient(address, token=token) as client:
         try:
             info = await client.info()
         except RolloutError as exc:
@@ -270,8 +300,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tool-timeout", type=float, help="seconds per tool call")
     serve.add_argument("--max-response-tokens", type=_positive_int, default=8192)
     serve.add_argument("--max-turns", type=_positive_int, default=10)
+    serve.add_argument(
+        "--token-file", help="file (mode 0600) with the run's token; calls must send it"
+    )
+    serve.add_argument(
+        "--sandbox-token-file", help="token file of the sandbox server (default: --token-file)"
+    )
+    serve.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key): serve over TLS")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host with no token"
+    )
     info = sub.add_parser("info", help="print a worker's engines and their KV capacity")
     info.add_argument("--address", default="127.0.0.1:50061")
+    info.add_argument("--token-file", help="file with the worker's token")
     return parser
 
 
@@ -284,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "serve":
             asyncio.run(_serve(args))
         else:
-            asyncio.run(_info(args.address))
+            asyncio.run(_info(args.address, _token(args.token_file)))
     except UsageError as exc:
         print(f"rstar2-rollout: {exc}", file=sys.stderr)
         sys.exit(2)

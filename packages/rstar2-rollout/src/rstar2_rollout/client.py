@@ -5,7 +5,9 @@
             r.trajectory, r.engine, r.queued_s
         update = await client.update_weights(model.state_dict().items())  # between generations
 
-gRPC failures surface as `RolloutError` with the status code name and the server's message
+`RolloutClient(target, token=..., root_certificates=...)` sends the run's token with every call
+(a worker started with `--token-file` answers UNAUTHENTICATED without it) and uses TLS when given
+root certificates (PEM). gRPC failures surface as `RolloutError` with the status code name and the server's message
 (`INVALID_ARGUMENT: n must be > 0 ...`). Not covered: retries and load balancing across workers
 (the trainer decides which worker gets which problems).
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from rstar2_proto.auth import open_channel
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rstar2_rollout import _wire
@@ -60,9 +63,13 @@ class WeightUpdate:
 class RolloutClient:
     """An async client of one rollout worker."""
 
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(
+    def __init__(
+        self, target: str, *, token: str | None = None, root_certificates: bytes | None = None
+    ) -> None:
+        self._channel = open_channel(
             target,
+            token=token,
+            root_certificates=root_certificates,
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -7,11 +7,17 @@ jobs it asked for. `Info` lists the engines with their free and total KV tokens.
 `UpdateWeights` reads a stream of pieces of one safetensors payload, checks it against the
 model's names and shapes (INVALID_ARGUMENT naming the tensor; nothing loaded), then loads it into
 every engine between generations (see `RolloutWorker.update_weights`) and answers with the
-seconds spent receiving and loading.
+seconds spent receiving and loading. It holds at most the model's own size
+(`RolloutWorker.max_weight_bytes`): a longer stream is answered RESOURCE_EXHAUSTED as soon as it
+passes the cap (the rest of the stream is read and dropped, never held, for at most 30 s, so that
+the sender sees that status), and the engines keep their weights.
 
-`bind(address)` binds the port before anything slow is built (a port in use fails at once);
-`start_server` is bind plus start for callers that already have a worker.
-Not covered: building engines and the agent loop (`cli.py` does), TLS, authentication.
+`bind(address, token=...)` binds the port before anything slow is built (a port in use fails at
+once); `start_server` is bind plus start for callers that already have a worker. With a token,
+every call (Generate, Info, UpdateWeights) needs it (UNAUTHENTICATED otherwise,
+`rstar2_proto.auth`); a non-loopback address without a token is refused unless `insecure`; TLS
+when given a PEM certificate and key. Not covered: building engines and the agent loop
+(`cli.py` does).
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib.metadata import version
+from typing import Any
 
 import grpc
 
+from rstar2_proto.auth import check_bind, server_credentials, server_interceptors
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rstar2_rollout import _wire
@@ -36,6 +44,7 @@ from rstar2_rollout.worker import (
 )
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 30K-token trajectory with logprobs is ~0.5 MB
+_DRAIN_S = 30.0  # how long a refused weight stream is read (and dropped) to its end
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
@@ -71,8 +80,23 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
         start = time.perf_counter()
+        try:
+            cap = self._worker.max_weight_bytes()
+        except WeightsUnsupported as exc:
+            await _drop(request_iterator)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         data = bytearray()
         async for chunk in request_iterator:
+            if len(data) + len(chunk.data) > cap:
+                received = len(data) + len(chunk.data)
+                data = bytearray()  # freed before the rest is read and dropped
+                await _drop(request_iterator)
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"weight update of more than {received} bytes exceeds this model's size cap of"
+                    f" {cap} bytes (its tensors at float32 or wider, plus header); nothing was"
+                    " loaded",
+                )
             data += chunk.data
         try:
             self._worker.check_weights(read_header(data))
@@ -96,6 +120,17 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         )
 
 
+async def _drop(requests: AsyncIterator[pb.WeightChunk]) -> None:
+    """Read and drop (never hold) what is left of a refused stream, for at most `_DRAIN_S`
+    seconds, so that the sender sees the status rather than grpc/grpc#36066's INTERNAL."""
+    try:
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in requests:
+                pass
+    except (TimeoutError, grpc.RpcError):
+        return
+
+
 @dataclass
 class RolloutServer:
     """A bound (then started) server and the port it bound."""
@@ -116,16 +151,31 @@ class RolloutServer:
         await self.server.stop(grace_s)
 
 
-def bind(address: str = "127.0.0.1:0") -> RolloutServer:
-    """Bind `address` (port 0 picks a free one) without serving yet; OSError when it is taken."""
+def bind(
+    address: str = "127.0.0.1:0",
+    *,
+    token: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+    insecure: bool = False,
+) -> RolloutServer:
+    """Bind `address` (port 0 picks a free one) without serving yet; OSError when it is taken
+    (or the TLS pair cannot be read), InsecureBindError for a non-loopback host with no token
+    (unless `insecure`). With `token`, callers must send it."""
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise ValueError("tls_cert_file and tls_key_file go together")
+    check_bind(address.rsplit(":", 1)[0], token, insecure)
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
     ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, interceptors=server_interceptors(token))
     try:
-        port = server.add_insecure_port(address)
+        if tls_cert_file and tls_key_file:
+            port = server.add_secure_port(address, server_credentials(tls_cert_file, tls_key_file))
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
@@ -133,8 +183,11 @@ def bind(address: str = "127.0.0.1:0") -> RolloutServer:
     return RolloutServer(server, port)
 
 
-async def start_server(worker: RolloutWorker, address: str = "127.0.0.1:0") -> RolloutServer:
-    """Bind `address` (port 0 picks a free one), start serving, return the server and its port."""
-    server = bind(address)
+async def start_server(
+    worker: RolloutWorker, address: str = "127.0.0.1:0", **access: Any
+) -> RolloutServer:
+    """Bind `address` (port 0 picks a free one), start serving, return the server and its port;
+    `access` is `bind`'s token, TLS pair and insecure."""
+    server = bind(address, **access)
     await server.start(worker)
     return server

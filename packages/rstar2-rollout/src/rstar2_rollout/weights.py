@@ -9,6 +9,9 @@ tensor's dtype, shape and byte range, then the raw data), cut into pieces for th
   `*.safetensors` headers: nothing is loaded); `spec.check(header)` raises `InvalidWeights`
   naming the first unknown tensor or the first wrong shape, before any engine is touched.
 - `load_tensors(data)` (receiver, needs torch) turns the bytes into (name, tensor) pairs.
+- `spec.max_payload_bytes()` is the largest update a worker accepts: the model's own size with
+  every tensor at least float32 wide (a float32 trainer may feed bfloat16 engines), plus room
+  for the header; a stream beyond it is refused before it is held in memory.
 
 A subset of the model's tensors is a valid update; dtypes may differ from the model's (engines
 cast on load, e.g. a float32 trainer feeding bfloat16 engines). Not covered: quantised weights,
@@ -102,6 +105,17 @@ class WeightSpec:
                 head = f.read(size)
             tensors.update(_entries(head, body=path.stat().st_size - 8 - size))
         return cls(tensors) if tensors else None
+
+    def max_payload_bytes(self) -> int:
+        """The model's size with each tensor at least 4 bytes per element, plus header room
+        (64 KiB and 1 KiB per tensor): no valid update of these tensors is larger."""
+        body = 0
+        for info in self.tensors.values():
+            count = 1
+            for d in info.shape:
+                count *= d
+            body += count * max(4, _DTYPE_BYTES.get(info.dtype, 4))
+        return 8 + (64 << 10) + (1 << 10) * len(self.tensors) + body
 
     def check(self, payload: Mapping[str, TensorInfo]) -> None:
         """Raise InvalidWeights naming the first unknown tensor or wrong shape."""

@@ -16,8 +16,9 @@ cache), between generations: it waits for running `generate` calls to end and ho
 until it is done. The payload is checked against the model's `WeightSpec` first, so a bad one
 (`InvalidWeights`: unknown name, wrong shape) leaves every engine as it was.
 
-Not covered: building engines or the agent loop (the caller injects them; `cli.py` builds real
-ones), authentication.
+`max_weight_bytes` is the largest update payload accepted: the model's own size (the servicer
+refuses a longer stream before holding it). Not covered: building engines or the agent loop
+(the caller injects them; `cli.py` builds real ones), authentication (the server's).
 """
 
 from __future__ import annotations
@@ -313,6 +314,18 @@ class RolloutWorker:
                 " *.safetensors), so it cannot check an update"
             )
         self.weights.check(payload)
+
+    def max_weight_bytes(self) -> int:
+        """The largest weight update accepted (the model's own size, see
+        `WeightSpec.max_payload_bytes`); WeightsUnsupported when this worker takes none."""
+        if not self.engines:
+            raise WeightsUnsupported("this worker was given no engines to update")
+        if self.weights is None:
+            raise WeightsUnsupported(
+                "this worker knows no weight names and shapes (its model folder has no"
+                " *.safetensors), so it cannot check an update"
+            )
+        return self.weights.max_payload_bytes()
 
     async def update_weights(self, named_tensors: Sequence[tuple[str, Any]]) -> WeightLoad:
         """Load checked (name, tensor) pairs into every healthy engine between generations."""

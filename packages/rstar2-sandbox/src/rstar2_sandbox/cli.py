@@ -27,12 +27,7 @@ class UsageError(Exception):
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    token = args.token
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"cannot read --token-file: {exc.strerror}") from exc
+    token = _token(args.token_file)
     sandbox = {
         "workers": args.workers,
         "max_in_flight": args.max_in_flight,
@@ -50,6 +45,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             token=token,
             tls_cert_file=args.tls_cert,
             tls_key_file=args.tls_key,
+            insecure=args.insecure,
             sandbox=SandboxConfig(**sandbox),
         )
     except ValidationError as exc:
@@ -58,13 +54,23 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         raise UsageError(f"invalid setting {where}: {first['msg']}") from exc
 
 
+def _token(path: str | None) -> str | None:
+    from rstar2_proto.auth import TokenFileError, read_token_file
+
+    try:
+        return read_token_file(path) if path else None
+    except TokenFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
 async def _serve(config: ServerConfig) -> None:
+    from rstar2_proto.auth import InsecureBindError
     from rstar2_sandbox.server import SandboxServer
 
     server = SandboxServer(config)
     try:
         port = await server.start()
-    except RuntimeError as exc:
+    except (RuntimeError, InsecureBindError) as exc:
         raise UsageError(str(exc)) from exc
     except OSError as exc:
         raise UsageError(f"cannot start: {exc}") from exc
@@ -146,13 +152,17 @@ def _parser() -> argparse.ArgumentParser:
         "--require-isolation", action="store_true", help="refuse to start without every confinement"
     )
     serve.add_argument("--no-seccomp", action="store_true", help="let calls start processes")
-    serve.add_argument("--token", help="shared secret (prefer --token-file)")
-    serve.add_argument("--token-file")
+    serve.add_argument(
+        "--token-file", help="file (mode 0600) with the run's token; calls must send it"
+    )
+    serve.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host with no token"
+    )
     serve.add_argument("--tls-cert")
     serve.add_argument("--tls-key")
     info = sub.add_parser("info", help="print a server's Info")
     info.add_argument("--address", default="127.0.0.1:50051")
-    info.add_argument("--token")
+    info.add_argument("--token-file", help="file with the server's token")
     bench = sub.add_parser("bench", help="seeded load generator")
     bench.add_argument("--calls", type=_positive_int, default=1000)
     bench.add_argument("--concurrency", type=_positive_int, default=16)
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "serve":
             asyncio.run(_serve(_server_config(args)))
         elif args.command == "info":
-            asyncio.run(_info(args.address, args.token))
+            asyncio.run(_info(args.address, _token(args.token_file)))
         else:
             _bench(args)
     except UsageError as exc:

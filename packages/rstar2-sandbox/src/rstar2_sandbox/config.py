@@ -121,6 +121,9 @@ class ServerConfig(BaseModel):
     )
     tls_cert_file: str | None = Field(default=None, description="PEM certificate chain for TLS.")
     tls_key_file: str | None = Field(default=None, description="PEM private key for TLS.")
+    insecure: bool = Field(
+        default=False, description="Allow a non-loopback host with no token (anyone may call)."
+    )
     grace_s: float = Field(
         default=10.0, ge=0, description="Shutdown waits this long for in-flight calls."
     )

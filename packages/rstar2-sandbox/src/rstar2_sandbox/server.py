@@ -4,11 +4,13 @@ Contract. `SandboxServer(config)` starts the warm pool, then serves Execute, Exe
 ExecuteStream (many calls over one stream, answered in completion order), Info and CloseSession,
 plus the standard grpc.health.v1 service. Bad input is INVALID_ARGUMENT with the reason (an
 undecodable message, invalid UTF-8 included, is caught here rather than becoming INTERNAL); a full
-queue is RESOURCE_EXHAUSTED; a missing or wrong token is UNAUTHENTICATED. In batches and streams a
+queue is RESOURCE_EXHAUSTED; a missing or wrong token is UNAUTHENTICATED (`rstar2_proto.auth`;
+health checks stay open). In batches and streams a
 bad item is answered as a REJECTED result so that the others still run. A caller's deadline is
 honoured: when it expires the call is cancelled and its child killed. `stop(grace)` refuses new
 calls, lets running ones finish for `grace` seconds and cancels the rest (their callers get
-CANCELLED), then closes the pool. Binds loopback unless told otherwise; TLS when given a pair.
+CANCELLED), then closes the pool. Binds loopback unless told otherwise, and refuses any other
+host without a token unless `insecure`; TLS when given a pair.
 
 Not covered: rate limits per caller, and authorisation beyond one shared token.
 """
@@ -16,9 +18,8 @@ Not covered: rate limits per caller, and authorisation beyond one shared token.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from typing import Any
 
@@ -27,6 +28,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import _async as health_aio  # pyright: ignore[reportAttributeAccessIssue]
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rstar2_proto.auth import check_bind, server_credentials, server_interceptors
 from rstar2_proto.sandbox.v1 import sandbox_pb2 as pb
 from rstar2_sandbox import _wire
 from rstar2_sandbox.config import ServerConfig
@@ -52,37 +54,6 @@ def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
             return _Undecodable(exc)
 
     return deserialize
-
-
-class _TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <token>` (health checks stay open)."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong sandbox token")
-
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-
-        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong sandbox token")
-            yield  # pragma: no cover - makes this an async generator
-
-        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny_stream)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        if details.method.startswith("/grpc.health.v1.Health/"):
-            return await continuation(details)
-        sent = dict(details.invocation_metadata or ()).get("authorization", "")
-        sent_bytes = sent.encode() if isinstance(sent, str) else sent
-        if hmac.compare_digest(sent_bytes, self._expected):
-            return await continuation(details)
-        return self._deny_stream if details.method.endswith("ExecuteStream") else self._deny_unary
 
 
 class SandboxServicer:
@@ -253,9 +224,8 @@ class SandboxServer:
         self.config = config or ServerConfig()
         self.sandbox = LocalSandbox(self.config.sandbox)
         self.port = 0
-        interceptors = [_TokenInterceptor(self.config.token)] if self.config.token else []
         self._server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=server_interceptors(self.config.token),
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
@@ -265,15 +235,15 @@ class SandboxServer:
 
     async def start(self) -> int:
         """Bind (OSError if it cannot), start the pool (RuntimeError if isolation is required and
-        missing), then serve; returns the bound port."""
+        missing), then serve; returns the bound port. InsecureBindError (before anything starts)
+        for a non-loopback host with no token, unless `insecure`."""
+        check_bind(self.config.host, self.config.token, self.config.insecure)
         address = f"{self.config.host}:{self.config.port}"
         try:
             if self.config.tls_cert_file and self.config.tls_key_file:
-                with open(self.config.tls_key_file, "rb") as key:
-                    private_key = key.read()
-                with open(self.config.tls_cert_file, "rb") as cert:
-                    chain = cert.read()
-                credentials = grpc.ssl_server_credentials([(private_key, chain)])
+                credentials = server_credentials(
+                    self.config.tls_cert_file, self.config.tls_key_file
+                )
                 self.port = self._server.add_secure_port(address, credentials)
             else:
                 self.port = self._server.add_insecure_port(address)

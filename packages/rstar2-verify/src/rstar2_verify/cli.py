@@ -3,6 +3,7 @@
     rstar2-verify grade RESPONSE GOLD [--json]
     rstar2-verify check FILE.jsonl [--mistakes N] [--fail-under 0.97]
     rstar2-verify serve [--host 127.0.0.1] [--port 0] [--workers N] [--timeout-s 2]
+                        [--token-file F] [--tls-cert C --tls-key K] [--insecure]
 
 A user mistake (missing file, malformed line, bad option value, port in use) prints one line to
 stderr and exits 2; `check --fail-under` exits 1 when accuracy is lower or any different-number
@@ -99,15 +100,30 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from rstar2_proto.auth import InsecureBindError, TokenFileError, read_token_file
     from rstar2_verify.server import VerifyServer
 
     config = _config(args)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    try:
+        token = read_token_file(args.token_file) if args.token_file else None
+    except TokenFileError as exc:
+        raise UsageError(str(exc)) from None
 
     async def run() -> None:
-        server = VerifyServer(config, args.host, args.port)
+        server = VerifyServer(
+            config,
+            args.host,
+            args.port,
+            token=token,
+            tls_cert_file=args.tls_cert,
+            tls_key_file=args.tls_key,
+            insecure=args.insecure,
+        )
         try:
             await server.start()
-        except RuntimeError as exc:
+        except (RuntimeError, InsecureBindError) as exc:
             raise UsageError(str(exc)) from None
         print(f"rstar2-verify listening on {server.address}", flush=True)
         loop = asyncio.get_running_loop()
@@ -149,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the gRPC VerifyService")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
+    p.add_argument("--token-file", help="file (mode 0600) with the run's token; calls must send it")
+    p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key): serve over TLS")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host with no token"
+    )
     pool_options(p)
     p.set_defaults(run=_serve)
     return parser

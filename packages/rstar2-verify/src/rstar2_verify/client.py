@@ -2,16 +2,18 @@
 
 `grade` and `grade_many` (one GradeBatch call, split into chunks of `batch_size`) raise
 `grpc.aio.AioRpcError` when the server answers an error (INVALID_ARGUMENT for malformed input);
-`health` returns whether the server reports SERVING. It does not retry.
+`health` returns whether the server reports SERVING. `token` is sent with every call (a server
+started with `--token-file` answers UNAUTHENTICATED without it); `root_certificates` (PEM) turns
+on TLS. It does not retry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rstar2_proto.auth import open_channel
 from rstar2_proto.verify.v1 import verify_pb2, verify_pb2_grpc
 from rstar2_verify._wire import grade_from_proto, request_to_proto
 from rstar2_verify.grader import Grade
@@ -22,12 +24,22 @@ __all__ = ["VerifyClient"]
 class VerifyClient:
     """`async with VerifyClient("127.0.0.1:50051") as client: await client.grade(r, g)`."""
 
-    def __init__(self, address: str, batch_size: int = 1024, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        batch_size: int = 1024,
+        timeout_s: float = 600.0,
+        *,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+    ) -> None:
         self.address = address
         self.batch_size = batch_size
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = open_channel(
             address,
+            token=token,
+            root_certificates=root_certificates,
             options=[
                 ("grpc.max_receive_message_length", 256 * 1024 * 1024),
                 ("grpc.max_send_message_length", 256 * 1024 * 1024),

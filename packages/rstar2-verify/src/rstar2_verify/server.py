@@ -5,8 +5,12 @@
 `Grader.agrade`, encode; a malformed request (empty gold, oversize response or batch, bad
 timeout) is answered INVALID_ARGUMENT with a message that says what to change, and loses nothing
 else in the batch because the whole batch is checked before any grading starts.
-`serve(...)` runs a server until cancelled (the CLI's `serve`). No TLS: bind to loopback or a
-private network.
+`serve(...)` runs a server until cancelled (the CLI's `serve`).
+
+Access: with `token`, every call but the health check needs `authorization: Bearer <token>`
+(UNAUTHENTICATED otherwise; `rstar2_proto.auth`). Binds loopback by default; any other host
+without a token is refused (`InsecureBindError`) unless `insecure`. TLS when given a PEM
+certificate and key.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rstar2_proto.auth import check_bind, server_credentials, server_interceptors
 from rstar2_proto.verify.v1 import verify_pb2, verify_pb2_grpc
 from rstar2_verify._wire import check_request, grade_to_proto
 from rstar2_verify.config import VerifyConfig
@@ -67,10 +72,27 @@ class VerifyServicer(verify_pb2_grpc.VerifyServiceServicer):
 class VerifyServer:
     """A running verify service: `await start()`, `.port`, `await stop()`; async context manager."""
 
-    def __init__(self, config: VerifyConfig | None = None, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        config: VerifyConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        insecure: bool = False,
+    ):
+        """`token`: callers must send it; `tls_cert_file`/`tls_key_file`: PEM pair for TLS;
+        `insecure`: allow a non-loopback `host` with no token."""
+        if (tls_cert_file is None) != (tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
         self.config = config or VerifyConfig()
         self.host = host
         self.requested_port = port
+        self._token = token
+        self._tls = (tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
+        self._insecure = insecure
         self.port = 0
         self.grader = Grader(self.config)
         self._server: grpc.aio.Server | None = None
@@ -81,16 +103,25 @@ class VerifyServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
-        """Bind, start the workers, and report SERVING; raises RuntimeError when it cannot bind."""
+        """Bind, start the workers, and report SERVING; raises RuntimeError when it cannot bind
+        (or read the TLS pair), InsecureBindError for a tokenless non-loopback host."""
+        check_bind(self.host, self._token, self._insecure)
         options = [
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=server_interceptors(self._token))
         verify_pb2_grpc.add_VerifyServiceServicer_to_server(VerifyServicer(self.grader), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        address = f"{self.host}:{self.requested_port}"
         try:
-            self.port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
+            if self._tls is not None:
+                credentials = server_credentials(*self._tls)
+                self.port = server.add_secure_port(address, credentials)
+            else:
+                self.port = server.add_insecure_port(address)
+        except OSError as exc:
+            raise RuntimeError(f"cannot read the TLS pair: {exc}") from None
         except RuntimeError as exc:
             raise RuntimeError(f"cannot bind {self.host}:{self.requested_port}: {exc}") from None
         self.grader.start()
