@@ -50,10 +50,14 @@ class SandboxConfig(BaseModel):
         default=60.0, gt=0, description="Largest timeout a caller may ask."
     )
     memory_bytes: int = Field(
-        default=1 << 30, gt=0, description="Address space one call may add (RLIMIT_AS headroom)."
+        default=1 << 30,
+        gt=0,
+        description="Address space one call may add (RLIMIT_AS headroom); callers may ask less.",
     )
     max_output_bytes: int = Field(
-        default=16 * 1024, gt=0, description="Cap on each of stdout and stderr."
+        default=16 * 1024,
+        gt=0,
+        description="Cap on each of stdout and stderr; callers may ask less.",
     )
     max_code_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted source.")
     max_stdin_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted stdin.")
@@ -75,7 +79,10 @@ class SandboxConfig(BaseModel):
         default=64, gt=0, description="RLIMIT_NPROC of the call's uid (when not root)."
     )
     tmpfs_bytes: int = Field(
-        default=512 << 20, gt=0, description="Size of the private /tmp each worker mounts."
+        default=64 << 20, gt=0, description="Size of each call's private /tmp (its cwd)."
+    )
+    session_cpu_s: float = Field(
+        default=120.0, gt=0, description="CPU seconds a session may use over all its cells."
     )
     demote_after_s: float = Field(
         default=0.25, ge=0, description="A call running longer is reniced so short ones go first."
@@ -90,7 +97,9 @@ class SandboxConfig(BaseModel):
         description="Install the seccomp filter (off: calls may start processes; still no network).",
     )
     require_isolation: bool = Field(
-        default=False, description="Refuse to start unless every confinement is active."
+        default=True,
+        description="Refuse to start unless every confinement is active (False: weak isolation, "
+        "with a warning in every Info).",
     )
     preload: tuple[str, ...] = Field(
         default=DEFAULT_PRELOAD, description="Modules each warm worker imports before forking."
