@@ -44,6 +44,7 @@ _CHUNK = 1 << 16
 _UID_SLOTS = 1000
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _LIBC_PRCTL_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 
 
 @dataclass
@@ -557,12 +558,15 @@ def main() -> None:
     config, index = setup["config"], setup["index"]
     conf = _confine.Confinements()
     _confine.enter_worker_namespaces(conf)
+    _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # after writing our uid map
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # the zygote
         try:
             ours.close()
             _confine._LIBC.prctl(_LIBC_PRCTL_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            # Not dumpable: a call of the same uid cannot read or write the zygote's memory.
+            _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
             null = os.open("/dev/null", os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)

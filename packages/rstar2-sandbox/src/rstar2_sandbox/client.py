@@ -75,7 +75,12 @@ class SandboxClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retry_after_s = retry_after_s
         self._margin = deadline_margin_s
-        options = [("grpc.max_receive_message_length", 64 << 20)]
+        # A connection of its own (no subchannel shared with other clients in this process):
+        # servers scope sessions to the caller's token or connection.
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
         self._servers = []
         for address in addresses:
             if root_certificates is not None:

@@ -312,7 +312,9 @@ class SandboxServer:
         active, unavailable = self.sandbox.confinements()
         logger.info("confinements active: %s", ", ".join(active))
         for name, why in unavailable.items():
-            logger.warning("confinement %s unavailable: %s", name, why)
+            (logger.info if name == "cgroup" else logger.warning)(
+                "confinement %s unavailable: %s", name, why
+            )
         servicer = SandboxServicer(self.sandbox, self.config)
         self._server.add_generic_rpc_handlers((_handlers(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
