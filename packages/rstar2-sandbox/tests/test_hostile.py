@@ -9,7 +9,6 @@ leave no process behind, and leave the server serving the next request at full s
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import pwd
 import re
@@ -69,21 +68,22 @@ def server(request):
     command = [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", "0", "--workers", "1"]
     if request.param == "nobody":
         command = [sys.executable, str(AS_NOBODY), *command]
-    log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall the server
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd="/"
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"listening on (\S+)", line)
-    if not match:
-        log.seek(0)
-        raise AssertionError(f"{request.param} server did not start: {log.read().decode()[-2000:]}")
-    yield process, match.group(1)
-    process.terminate()
-    assert process.wait(30) == 0
-    process.stdout.close()
-    log.close()
+    # stderr to a file, not a pipe: a full pipe would stall the server
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd="/"
+        )
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.search(r"listening on (\S+)", line)
+        if not match:
+            log.seek(0)
+            tail = log.read().decode()[-2000:]
+            raise AssertionError(f"{request.param} server did not start: {tail}")
+        yield process, match.group(1)
+        process.terminate()
+        assert process.wait(30) == 0
+        process.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -461,9 +461,13 @@ def test_sessions_are_scoped_to_the_caller_and_frozen_between_cells(runner, clie
 def test_limits_are_the_servers(server):
     with grpc.insecure_channel(server[1]) as channel:
         stub = pb_grpc.SandboxServiceStub(channel)
-        for field, value in (("memory_bytes", 1 << 40), ("max_output_bytes", 1 << 30)):
+        asks = (
+            ("memory_bytes", 1 << 40, pb.ExecuteRequest(code="1", memory_bytes=1 << 40)),
+            ("max_output_bytes", 1 << 30, pb.ExecuteRequest(code="1", max_output_bytes=1 << 30)),
+        )
+        for field, value, message in asks:
             with pytest.raises(grpc.RpcError) as info:
-                stub.Execute(pb.ExecuteRequest(code="1", **{field: value}), timeout=10)
+                stub.Execute(message, timeout=10)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
             assert f"{field} {value} exceeds the server's maximum" in info.value.details()  # type: ignore[attr-defined]
         smaller = stub.Execute(pb.ExecuteRequest(code="print('z' * 100)", max_output_bytes=10))

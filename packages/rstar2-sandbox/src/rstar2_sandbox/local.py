@@ -356,7 +356,7 @@ class LocalSandbox:
 
     async def close_session(self, session_id: str, owner: str = "") -> bool:
         """Close a session of `owner` now; False if it was not open. Never waits for it."""
-        key = _session_key(owner, session_id)
+        key = f"{owner}\x00{session_id}"
         handle = self._sessions.pop(key, None)
         if handle is None:
             return False
