@@ -35,6 +35,18 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             token = Path(args.token_file).read_text().strip()
         except OSError as exc:
             raise UsageError(f"cannot read --token-file: {exc.strerror}") from exc
+    if args.sandbox_config:
+        try:
+            base = SandboxConfig.model_validate_json(Path(args.sandbox_config).read_text())
+        except OSError as exc:
+            raise UsageError(f"cannot read --sandbox-config: {exc.strerror}") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise UsageError(f"invalid --sandbox-config {where}: {first['msg']}") from exc
+        if args.allow_weak_isolation:
+            base = base.model_copy(update={"require_isolation": False})
+        return _server(args, token, base)
     sandbox = {
         "workers": args.workers,
         "max_in_flight": args.max_in_flight,
@@ -47,18 +59,22 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         "seccomp": not args.no_seccomp,
     }
     try:
-        return ServerConfig(
-            host=args.host,
-            port=args.port,
-            token=token,
-            tls_cert_file=args.tls_cert,
-            tls_key_file=args.tls_key,
-            sandbox=SandboxConfig(**sandbox),
-        )
+        return _server(args, token, SandboxConfig(**sandbox))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise UsageError(f"invalid setting {where}: {first['msg']}") from exc
+
+
+def _server(args: argparse.Namespace, token: str | None, sandbox: SandboxConfig) -> ServerConfig:
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=token,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        sandbox=sandbox,
+    )
 
 
 async def _serve(config: ServerConfig) -> None:
@@ -161,6 +177,10 @@ def _parser() -> argparse.ArgumentParser:
         "--session-cpu-s", type=_positive_float, default=120.0, help="CPU budget of a session"
     )
     serve.add_argument("--no-seccomp", action="store_true", help="let calls start processes")
+    serve.add_argument(
+        "--sandbox-config",
+        help="JSON file of a whole SandboxConfig (then the limit flags above are ignored)",
+    )
     serve.add_argument("--token", help="shared secret (prefer --token-file)")
     serve.add_argument("--token-file")
     serve.add_argument("--tls-cert")

@@ -1,10 +1,16 @@
 """Configuration of the sandbox: the executor's limits and the server's shape.
 
 One root model, `SandboxConfig`; defaults, bounds and a line of documentation per field live here
-and only here. `ServerConfig` adds what only the gRPC server needs.
+and only here. `ServerConfig` adds what only the gRPC server needs. `SandboxBackendConfig` says
+where calls run (a discriminated union on `kind`): `local` (a pool in this process), `child` (a
+`rstar2-sandbox serve` child on loopback that dies with this process), `remote` (servers at
+addresses) or `fusion` (a SandboxFusion endpoint); `open_sandbox` in `backends` opens any of them.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -141,3 +147,66 @@ class ServerConfig(BaseModel):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         return self
+
+
+class LocalSandboxConfig(BaseModel):
+    """Calls run in a warm pool inside this process (`LocalSandbox`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["local"] = "local"
+    workers: int = Field(default=2, gt=0, description="Warm worker processes.")
+    max_in_flight: int = Field(default=32, gt=0, description="Calls running at once.")
+    allow_weak_isolation: bool = Field(
+        default=False, description="Start even when a confinement is missing (with a warning)."
+    )
+
+
+class ChildSandboxConfig(BaseModel):
+    """Calls run in a `rstar2-sandbox serve` child on 127.0.0.1 that dies with this process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["child"] = "child"
+    workers: int = Field(default=2, gt=0, description="Warm worker processes of the child.")
+    max_in_flight: int = Field(default=32, gt=0, description="Calls running at once.")
+    allow_weak_isolation: bool = Field(
+        default=False, description="Start even when a confinement is missing (with a warning)."
+    )
+    ready_timeout_s: float = Field(
+        default=180.0, gt=0, description="How long the child may take to start serving."
+    )
+
+
+class RemoteSandboxConfig(BaseModel):
+    """Calls go to running `rstar2-sandbox serve` servers (`SandboxClient`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["remote"] = "remote"
+    addresses: list[str] = Field(min_length=1, description="host:port of each server.")
+    token_file: Path | None = Field(
+        default=None, description="File holding the servers' token (never put it in argv)."
+    )
+    tls_ca_file: Path | None = Field(
+        default=None, description="PEM root certificates: connect with TLS, verified by these."
+    )
+    retry_after_s: float = Field(
+        default=1.0, gt=0, description="A server that failed is set aside this long."
+    )
+
+
+class FusionSandboxConfig(BaseModel):
+    """Calls go to a SandboxFusion-compatible HTTP endpoint (`FusionSandbox`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["fusion"] = "fusion"
+    url: str = Field(description="Base URL; calls POST to {url}/run_code.")
+    max_concurrency: int = Field(default=32, gt=0, description="Requests in flight at most.")
+
+
+SandboxBackendConfig = Annotated[
+    LocalSandboxConfig | ChildSandboxConfig | RemoteSandboxConfig | FusionSandboxConfig,
+    Field(discriminator="kind"),
+]
