@@ -222,3 +222,29 @@ def test_calls_import_modules_the_worker_never_imported(runner, sandbox):
     code = "import wave, email.mime.text, encodings.idna\nprint(wave.__name__)"
     r = run(runner, sandbox, code)
     assert (r.status, r.stdout) == (S.OK, "wave\n"), r.traceback
+
+
+def test_a_session_has_a_cumulative_cpu_budget(runner):
+    async def scenario():
+        config = SandboxConfig(workers=1, preload=(), warmup_code="", session_cpu_s=1.0)
+        async with LocalSandbox(config) as sb:
+            burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.7: pass"
+            first = await sb.execute(ExecutionRequest(code=burn, session_id="s", timeout_s=10))
+            second = await sb.execute(ExecutionRequest(code=burn, session_id="s", timeout_s=10))
+            return first, second
+
+    first, second = runner.run(scenario())
+    assert first.status is S.OK  # 0.7 s of a 1 s budget
+    assert second.status is S.TIMEOUT and "CPU budget" in second.message  # not a fresh 10 s
+
+
+def test_server_limits_are_ceilings(runner, sandbox):
+    async def ask(**kw):
+        return await sandbox.run(ExecutionRequest(code="print('x' * 50)"), **kw)
+
+    with pytest.raises(RequestError, match="memory_bytes .* exceeds the server's maximum"):
+        runner.run(ask(memory_bytes=sandbox.config.memory_bytes + 1))
+    with pytest.raises(RequestError, match="max_output_bytes"):
+        runner.run(ask(max_output_bytes=-1))
+    small = runner.run(ask(max_output_bytes=10))
+    assert small.status is S.OUTPUT_TRUNCATED

@@ -299,3 +299,24 @@ def test_cli_user_mistakes_are_one_line():
     assert busy.stderr.strip().splitlines()[-1].startswith("rstar2-sandbox: cannot start")
     gone = _cli("info", "--address", "127.0.0.1:1")
     assert gone.returncode == 2 and "no sandbox server answered" in gone.stderr
+
+
+def test_full_servers_are_the_sandboxs_failure_and_are_retried_elsewhere(runner):
+    tight = LIGHT.model_copy(update={"max_in_flight": 1, "max_queue": 0})
+
+    async def scenario():
+        first, second = SandboxServer(_config(sandbox=tight)), SandboxServer(_config(sandbox=tight))
+        addresses = [f"127.0.0.1:{await first.start()}", f"127.0.0.1:{await second.start()}"]
+        slow = ExecutionRequest(code="import time; time.sleep(1.5); print('ran')", timeout_s=5)
+        try:
+            async with SandboxClient(addresses) as client:
+                return await client.execute_many([slow, slow, slow])
+        finally:
+            await first.stop(1)
+            await second.stop(1)
+
+    results = runner.run(scenario())
+    statuses = sorted(r.status for r in results)
+    assert statuses == sorted([S.OK, S.OK, S.SANDBOX_ERROR])  # two servers took one each
+    refused = next(r for r in results if r.status is S.SANDBOX_ERROR)
+    assert "RESOURCE_EXHAUSTED" in refused.message and refused.failed is False
