@@ -242,7 +242,7 @@ def test_server_limits_are_ceilings(runner, sandbox):
     async def ask(**kw):
         return await sandbox.run(ExecutionRequest(code="print('x' * 50)"), **kw)
 
-    with pytest.raises(RequestError, match="memory_bytes .* exceeds the server's maximum"):
+    with pytest.raises(RequestError, match=r"memory_bytes .* exceeds the server's maximum"):
         runner.run(ask(memory_bytes=sandbox.config.memory_bytes + 1))
     with pytest.raises(RequestError, match="max_output_bytes"):
         runner.run(ask(max_output_bytes=-1))
