@@ -122,7 +122,7 @@ def classify(o: Outcome) -> dict[str, Any]:
         signum in (signal.SIGXCPU, signal.SIGKILL)
         and not report
         and o.cpu_limit_s is not None
-        and o.cpu_s >= o.cpu_limit_s - 0.05
+        and o.cpu_s >= 0.9 * o.cpu_limit_s  # rusage may trail the kernel's own accounting
     ):
         status, message = "timeout", f"CPU-seconds limit reached (signal {signum})"
     elif o.report_problem and not signum:

@@ -392,7 +392,9 @@ class Worker:
     def _session_exited(self, session: _Session, message: dict[str, Any]) -> None:
         status, cpu = message["status"], message["cpu_s"]
         budget = self.config["session_cpu_s"]
-        if os.WIFSIGNALED(status) and cpu >= budget - 0.05:
+        signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        # SIGXCPU comes from the kernel at the soft limit; SIGKILL at the hard one.
+        if signum == signal.SIGXCPU or (signum == signal.SIGKILL and cpu >= 0.9 * budget):
             self.close_session(session, f"used up its CPU budget of {budget:g} s", "timeout")
         else:
             self.close_session(session, "crashed", "error")
