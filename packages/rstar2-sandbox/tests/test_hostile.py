@@ -41,6 +41,10 @@ def _can_run_as_nobody() -> str | None:
         pwd.getpwnam("nobody")
     except KeyError:
         return "no user nobody"
+    probe = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000) != 0)"
+    done = subprocess.run([sys.executable, str(AS_NOBODY), sys.executable, "-c", probe], cwd="/")
+    if done.returncode != 0:  # a host setting, not a sandbox defect: the server would refuse
+        return "unprivileged user namespaces are disabled on this host"
     return None
 
 
