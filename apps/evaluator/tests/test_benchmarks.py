@@ -64,7 +64,7 @@ def test_a_file_without_the_needed_field_names_the_fix(tmp_path):
     with pytest.raises(BenchmarkError) as error:
         load_benchmark(BenchmarkConfig(name=str(data)))
     message = str(error.value)
-    assert "1 of 1 rows unusable (missing_field:question" in message
+    assert "no row has the field(s) 'question'" in message
     assert "benchmark.question_field=..." in message and "rows have: answer, problem" in message
     assert "\n" not in message
 

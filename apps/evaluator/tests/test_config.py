@@ -8,10 +8,10 @@ from rstar2_evaluator.config import (
     ConfigError,
     EndpointModel,
     LocalModel,
-    LocalTool,
     configs,
     load_config,
 )
+from rstar2_sandbox import LocalSandboxConfig, RemoteSandboxConfig
 
 BASE = {"model.kind": "local", "model.path": "/models/m", "benchmark.name": "aime24"}
 
@@ -22,7 +22,7 @@ def test_defaults_are_the_papers_protocol():
     )
     assert (config.temperature, config.samples, config.max_turns) == (0.6, 16, 30)
     assert config.max_response_tokens == 30720
-    assert isinstance(config.model, LocalModel) and isinstance(config.tool, LocalTool)
+    assert isinstance(config.model, LocalModel) and isinstance(config.tool, LocalSandboxConfig)
     with pytest.raises(ValidationError):
         EvalConfig.model_validate(
             {"model": {"kind": "local", "path": "m"}, "benchmark": {"name": "x"}, "samples": 0}
@@ -51,7 +51,7 @@ def test_overrides_reach_nested_fields_and_parse_values():
         ],
     )
     assert (config.samples, config.temperature, config.benchmark.limit) == (4, 1.0, 5)
-    assert config.tool.sandbox.workers == 1  # type: ignore[union-attr]
+    assert config.tool.workers == 1  # type: ignore[union-attr]  (the old tool.sandbox spelling)
     assert config.pass_k == (1, 4)
 
 
@@ -102,3 +102,11 @@ def test_the_default_run_directory():
     config = load_config("paper", BASE)
     assert str(config.run_dir()) == "runs/eval/aime24-m"
     assert str(load_config("paper", BASE, ["out=/tmp/r"]).run_dir()) == "/tmp/r"
+
+
+def test_the_old_remote_tool_spelling_is_a_remote_backend():
+    config = load_config("quick", BASE, ["tool.kind=grpc", "tool.address=h1:1, h2:2"])
+    assert isinstance(config.tool, RemoteSandboxConfig)
+    assert config.tool.addresses == ["h1:1", "h2:2"]
+    with pytest.raises(ConfigError, match=r"tool\.token_file"):
+        load_config("quick", BASE, ["tool.kind=grpc", "tool.address=h:1", "tool.token=s3cret"])

@@ -191,4 +191,4 @@ def test_a_sandbox_server_outage_is_not_scored_as_the_models_tool_errors(tmp_pat
     # Server gone: every sample that called the tool fails (kept for a rerun); the two that
     # never called it are recorded as usual.
     assert sorted(down) == [("p3", 0), ("p3", 3)]
-    assert len(down_failures) == 10 and "sandbox servers unreachable" in down_failures[0]
+    assert len(down_failures) == 10 and "UNAVAILABLE" in down_failures[0]

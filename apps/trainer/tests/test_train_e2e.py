@@ -165,7 +165,7 @@ def test_a_port_in_use_fails_with_one_line(tmp_path, tiny_run):
             [
                 "tiny",
                 f"run.output_dir={tmp_path / 'r'}",
-                f"sandbox_service.port={port}",
+                f"verify_service.port={port}",
                 *tiny_run,
                 *SMALL,
             ]

@@ -70,4 +70,5 @@ def test_every_sandbox_status_has_an_outcome():
         ExecutionStatus.MEMORY_EXCEEDED: "error",
         ExecutionStatus.REJECTED: "error",
         ExecutionStatus.TIMEOUT: "timeout",
+        ExecutionStatus.SANDBOX_ERROR: "error",  # the loop ends such a trajectory as "error"
     }

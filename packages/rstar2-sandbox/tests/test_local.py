@@ -71,8 +71,8 @@ def test_timeout_kills_and_reports(runner, sandbox, descendants):
     r = run(runner, sandbox, "print('started', flush=True)\nwhile True: pass", timeout_s=0.5)
     assert r.status is S.TIMEOUT and r.stdout == "started\n"
     assert 0.5 <= r.wall_s < 1.5 and time.monotonic() - start < 3
-    for pid, _ in sandbox.worker_processes():
-        assert descendants(pid) == []
+    for _, zygote in sandbox.worker_processes():
+        assert descendants(zygote) == []
 
 
 def test_queue_wait_is_never_a_timeout(runner):
@@ -132,7 +132,7 @@ def test_session_limit(runner, sandbox):
     assert run(runner, sandbox, "a = 1", session_id="one").status is S.OK
     assert run(runner, sandbox, "a = 1", session_id="two").status is S.OK
     r = run(runner, sandbox, "a = 1", session_id="three")
-    assert r.status is S.REJECTED and "sessions are open" in r.message
+    assert r.status is S.SANDBOX_ERROR and "sessions are open" in r.message
     for name in ("one", "two"):
         runner.run(sandbox.close_session(name))
 
@@ -141,16 +141,15 @@ def test_nothing_leaks_across_many_calls(runner, sandbox, descendants, open_fds)
     runner.run(sandbox.execute(ExecutionRequest(code="1")))  # earlier closes have settled
     time.sleep(0.2)
     workers = sandbox.worker_processes()
-    before = {pid: open_fds(pid) for pid, _ in workers}
+    before = {pid: open_fds(pid) for pair in workers for pid in pair}
     codes = ["print(1)", "1/0", "while True: pass", "print('y' * 10**6)", "import os; os._exit(1)"]
     batch = [ExecutionRequest(code=c, timeout_s=0.3) for c in codes * 8]
     results = runner.run(sandbox.execute_many(batch))
     assert len(results) == 40
     time.sleep(0.1)
-    for pid, base in workers:
-        assert descendants(pid) == []
-        assert open_fds(pid) == before[pid]
-        assert os.listdir(f"/proc/{pid}/root{base}") == []  # every call directory removed
+    for worker, zygote in workers:
+        assert descendants(zygote) == []  # calls' /tmp went with their mount namespaces
+        assert (open_fds(worker), open_fds(zygote)) == (before[worker], before[zygote])
 
 
 def test_confinements_are_reported(sandbox):
@@ -168,8 +167,8 @@ def test_cancelled_call_kills_its_child(runner, sandbox, descendants):
         await asyncio.sleep(0.2)
 
     runner.run(cancel())
-    for pid, _ in sandbox.worker_processes():
-        assert descendants(pid) == []
+    for _, zygote in sandbox.worker_processes():
+        assert descendants(zygote) == []
 
 
 def test_a_dead_worker_is_replaced(runner):
@@ -190,7 +189,7 @@ def test_a_dead_worker_is_replaced(runner):
             return lost, after
 
     lost, after = runner.run(scenario())
-    assert lost.status is S.ERROR and "exited" in lost.message
+    assert lost.status is S.SANDBOX_ERROR and "exited" in lost.message
     assert (after.status, after.stdout) == (S.OK, "back\n")
 
 
@@ -223,3 +222,29 @@ def test_calls_import_modules_the_worker_never_imported(runner, sandbox):
     code = "import wave, email.mime.text, encodings.idna\nprint(wave.__name__)"
     r = run(runner, sandbox, code)
     assert (r.status, r.stdout) == (S.OK, "wave\n"), r.traceback
+
+
+def test_a_session_has_a_cumulative_cpu_budget(runner):
+    async def scenario():
+        config = SandboxConfig(workers=1, preload=(), warmup_code="", session_cpu_s=1.0)
+        async with LocalSandbox(config) as sb:
+            burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.7: pass"
+            first = await sb.execute(ExecutionRequest(code=burn, session_id="s", timeout_s=10))
+            second = await sb.execute(ExecutionRequest(code=burn, session_id="s", timeout_s=10))
+            return first, second
+
+    first, second = runner.run(scenario())
+    assert first.status is S.OK  # 0.7 s of a 1 s budget
+    assert second.status is S.TIMEOUT and "CPU budget" in second.message  # not a fresh 10 s
+
+
+def test_server_limits_are_ceilings(runner, sandbox):
+    async def ask(**kw):
+        return await sandbox.run(ExecutionRequest(code="print('x' * 50)"), **kw)
+
+    with pytest.raises(RequestError, match=r"memory_bytes .* exceeds the server's maximum"):
+        runner.run(ask(memory_bytes=sandbox.config.memory_bytes + 1))
+    with pytest.raises(RequestError, match="max_output_bytes"):
+        runner.run(ask(max_output_bytes=-1))
+    small = runner.run(ask(max_output_bytes=10))
+    assert small.status is S.OUTPUT_TRUNCATED

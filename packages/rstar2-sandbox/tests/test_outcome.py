@@ -6,12 +6,12 @@ import signal
 
 import pytest
 
-from rstar2_sandbox._outcome import Outcome, classify
+from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
 
 
-def _outcome(report=None, status=0, killed="", out=b"", err=b"", cap=10, sizes=None):
+def _outcome(report=None, status=0, killed="", out=b"", err=b"", cap=10, sizes=None, cpu=(0, 2)):
     out_size, err_size = sizes or (len(out), len(err))
-    return Outcome(report, status, killed, cap, out, err, out_size, err_size)
+    return Outcome(report, status, killed, cap, out, err, out_size, err_size, cpu[0], cpu[1])
 
 
 def _exited(code: int) -> int:
@@ -23,7 +23,10 @@ def _exited(code: int) -> int:
     [
         (_outcome({"exit_code": 0}), "ok"),
         (_outcome({"exit_code": 0}, killed="timeout"), "timeout"),
-        (_outcome(None, status=signal.SIGXCPU), "timeout"),
+        (_outcome(None, status=signal.SIGXCPU, cpu=(2.01, 2)), "timeout"),
+        (_outcome(None, status=signal.SIGKILL, cpu=(3.0, 2)), "timeout"),
+        (_outcome(None, status=signal.SIGKILL, cpu=(0.0, 2)), "error"),  # it killed itself
+        (_outcome(None, status=signal.SIGXCPU, cpu=(0.1, 2)), "error"),
         (_outcome({"exc_type": "MemoryError", "exit_code": 1}, _exited(1)), "memory_exceeded"),
         (_outcome({"exc_type": "ValueError", "exit_code": 1}, _exited(1)), "error"),
         (_outcome({"exit_code": 3}, _exited(3)), "error"),
@@ -54,3 +57,41 @@ def test_a_cut_multibyte_character_does_not_break_decoding():
     text = "é" * 20
     result = classify(_outcome({}, out=text.encode()[:9], sizes=(40, 0), cap=9))
     assert result["stdout"].startswith("éééé\n[output truncated")
+
+
+def test_a_self_inflicted_kill_names_the_signal():
+    result = classify(_outcome(None, status=signal.SIGKILL, cpu=(0.0, 2)))
+    assert (result["status"], result["message"]) == ("error", "killed by signal SIGKILL")
+
+
+GOOD = b'{"exc_type": "", "traceback": "", "repr": "1", "exit_code": 0}'
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "expected fields"),
+        (b'{"exc_type": "", "traceback": "", "repr": "1"}', "expected fields"),
+        (GOOD.replace(b'"repr": "1"', b'"repr": 1'), "repr is not str"),
+        (GOOD.replace(b'"exit_code": 0', b'"exit_code": true'), "exit_code is not int"),
+        (GOOD.replace(b'"exit_code": 0', b'"exit_code": 99999999999'), "out of range"),
+        (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        (b" " * (REPORT_CAP + 1), "report over"),
+    ],
+    ids=["garbage", "list", "missing", "type", "bool", "range", "deep", "huge"],
+)
+def test_hostile_reports_are_refused_with_a_reason(data, problem):
+    report, why = parse_report(data)
+    assert report is None and problem in why
+    outcome = _outcome(None, status=0)
+    outcome.report_problem = why
+    result = classify(outcome)
+    assert result["status"] == "error" and "report was refused" in result["message"]
+
+
+def test_a_good_report_is_taken():
+    assert parse_report(GOOD) == (
+        {"exc_type": "", "traceback": "", "repr": "1", "exit_code": 0},
+        "",
+    )

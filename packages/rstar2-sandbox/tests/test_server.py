@@ -133,7 +133,7 @@ def test_deadline_cancels_the_call(runner, served):
             return info.value.code()
 
     assert runner.run(call()) == grpc.StatusCode.DEADLINE_EXCEEDED
-    ((worker_pid, _),) = server.sandbox.worker_processes()
+    ((_, worker_pid),) = server.sandbox.worker_processes()  # the zygote, parent of every call
     deadline = time.monotonic() + 3
     while _children(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -158,7 +158,7 @@ def test_graceful_shutdown_finishes_then_fails_in_flight(runner):
 
     short, long, took = runner.run(scenario())
     assert (short.status, short.stdout) == (S.OK, "done\n")
-    assert long.status is S.REJECTED  # failed explicitly, not left hanging
+    assert long.status is S.SANDBOX_ERROR  # failed explicitly, not left hanging
     assert "UNAVAILABLE" in long.message or "CANCELLED" in long.message
     assert took < 5
 
@@ -180,7 +180,7 @@ def test_token_is_required(runner):
             await server.stop(1)
 
     refused, accepted = runner.run(scenario())
-    assert refused.status is S.REJECTED and "UNAUTHENTICATED" in refused.message
+    assert refused.status is S.SANDBOX_ERROR and "UNAUTHENTICATED" in refused.message
     assert (accepted.status, accepted.result_repr) == (S.OK, "1")
 
 
@@ -261,12 +261,29 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_refuses_without_isolation():
-    done = _cli("serve", "--port", "0", "--workers", "1", "--no-seccomp", "--require-isolation")
+def test_cli_refuses_without_isolation_by_default():
+    done = _cli("serve", "--port", "0", "--workers", "1", "--no-seccomp")
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert (
-        "isolation required but not available (seccomp: disabled by configuration)" in done.stderr
-    )
+    assert done.stderr.count("\n") == 1
+    assert "isolation required but incomplete (seccomp: disabled by configuration)" in done.stderr
+
+
+def test_weak_isolation_is_allowed_only_explicitly_and_says_so(runner):
+    async def scenario():
+        config = _config(
+            sandbox=LIGHT.model_copy(update={"seccomp": False, "require_isolation": False})
+        )
+        server = SandboxServer(config)
+        port = await server.start()
+        try:
+            async with SandboxClient(f"127.0.0.1:{port}") as client:
+                return (await client.info())[0]
+        finally:
+            await server.stop(1)
+
+    info = runner.run(scenario())
+    assert "seccomp" not in info.confinements
+    assert info.warning.startswith("WEAK ISOLATION") and "seccomp" in info.warning
 
 
 def test_cli_user_mistakes_are_one_line():
@@ -282,3 +299,24 @@ def test_cli_user_mistakes_are_one_line():
     assert busy.stderr.strip().splitlines()[-1].startswith("rstar2-sandbox: cannot start")
     gone = _cli("info", "--address", "127.0.0.1:1")
     assert gone.returncode == 2 and "no sandbox server answered" in gone.stderr
+
+
+def test_full_servers_are_the_sandboxs_failure_and_are_retried_elsewhere(runner):
+    tight = LIGHT.model_copy(update={"max_in_flight": 1, "max_queue": 0})
+
+    async def scenario():
+        first, second = SandboxServer(_config(sandbox=tight)), SandboxServer(_config(sandbox=tight))
+        addresses = [f"127.0.0.1:{await first.start()}", f"127.0.0.1:{await second.start()}"]
+        slow = ExecutionRequest(code="import time; time.sleep(1.5); print('ran')", timeout_s=5)
+        try:
+            async with SandboxClient(addresses) as client:
+                return await client.execute_many([slow, slow, slow])
+        finally:
+            await first.stop(1)
+            await second.stop(1)
+
+    results = runner.run(scenario())
+    statuses = sorted(r.status for r in results)
+    assert statuses == sorted([S.OK, S.OK, S.SANDBOX_ERROR])  # two servers took one each
+    refused = next(r for r in results if r.status is S.SANDBOX_ERROR)
+    assert "RESOURCE_EXHAUSTED" in refused.message and refused.failed is False

@@ -53,3 +53,16 @@ def test_wrong_or_ungraded_is_zero():
 def test_one_threshold():
     assert CORRECT_THRESHOLD == 0.5
     assert is_correct(1.0) and not is_correct(0.0) and not is_correct(CORRECT_THRESHOLD)
+
+
+def test_a_multi_turn_transcript_is_graded_on_its_last_answer():
+    """The agent loop's decoded response holds several turns joined by template tokens; the
+    stray-token rule must not cut it after the first turn."""
+    transcript = (
+        "I will compute it.\n<tool_call>{}</tool_call><|im_end|>\n<|im_start|>user\n"
+        "<tool_response>\n41\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>"
+        "The tool gave 41.</reason>\n<answer>\\boxed{41}</answer><|im_end|>"
+    )
+    assert grade(transcript, "41").correct
+    assert not grade(transcript, "42").correct
+    assert grade("so the probability is $3/7$.<|im_end|>junk", "3/7").correct

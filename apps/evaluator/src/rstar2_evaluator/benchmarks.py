@@ -133,7 +133,10 @@ def _load_file(path: Path, fields: FieldMap, source: str) -> list[Problem]:
     try:
         result = load_jsonl(path, fields, source)
     except DataError as error:
-        raise BenchmarkError(str(error)) from None
+        hint = ""
+        if "no row has the field" in str(error):
+            hint = "; name the fields with benchmark.question_field=... benchmark.answer_field=..."
+        raise BenchmarkError(f"{error}{hint}") from None
     return _strict(result, str(path), path, fields)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rstar2_sandbox import SandboxConfig
+from rstar2_sandbox import LocalSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
 
 # The evaluator's default rule: grade the whole response, truncated or not (any model's answer).
@@ -87,26 +87,28 @@ class BenchmarkConfig(_Frozen):
     limit: int | None = Field(default=None, gt=0, description="Evaluate only the first N problems.")
 
 
-class LocalTool(_Frozen):
-    """The code tool runs in this process's own sandbox (`LocalSandbox`)."""
-
-    kind: Literal["local"] = "local"
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Its limits.")
-
-
-class RemoteTool(_Frozen):
-    """The code tool runs on a sandbox server (`rstar2-sandbox serve`)."""
-
-    kind: Literal["grpc"] = "grpc"
-    address: str = Field(
-        description="host:port of a sandbox server, or several joined by commas (failover)."
-    )
-    token: str = Field(
-        default="", exclude=True, repr=False, description="Bearer token; never written to disk."
-    )
-
-
-ToolConfig = Annotated[LocalTool | RemoteTool, Field(discriminator="kind")]
+def _tool_spelling(data: Any) -> Any:
+    """The evaluator's old tool spellings, mapped to rstar2-sandbox's backends:
+    `{kind: grpc, address: "a,b"}` is `{kind: remote, addresses: [a, b]}`, and the limits of
+    `{kind: local, sandbox: {...}}` are the top-level `sandbox` section."""
+    if not isinstance(data, dict) or not isinstance(data.get("tool"), dict):
+        return data
+    tool = dict(data["tool"])
+    if tool.get("kind") == "grpc":
+        if tool.pop("token", None):
+            raise ValueError(
+                "tool.token is gone (a secret on a command line): write the token to a 0600 "
+                "file and set tool.token_file"
+            )
+        address = str(tool.pop("address", ""))
+        tool["kind"] = "remote"
+        tool["addresses"] = [a.strip() for a in address.split(",") if a.strip()]
+    if tool.get("kind", "local") == "local" and isinstance(tool.get("sandbox"), dict):
+        limits = dict(tool.pop("sandbox"))
+        if "workers" in limits:
+            tool["workers"] = limits.pop("workers")
+        data = {**data, "sandbox": {**limits, **dict(data.get("sandbox") or {})}}
+    return {**data, "tool": tool}
 
 
 class EvalConfig(_Frozen):
@@ -140,7 +142,14 @@ class EvalConfig(_Frozen):
     tool_timeout_s: float | None = Field(
         default=None, gt=0, description="Wall limit of one tool call; None: the sandbox's default."
     )
-    tool: ToolConfig = Field(default_factory=LocalTool, description="Where tool calls run.")
+    tool: SandboxBackendConfig = Field(
+        default_factory=LocalSandboxConfig,
+        description="Where tool calls run (rstar2-sandbox's backends): local (in this process), "
+        "child, remote (running servers, tool.addresses), fusion (a SandboxFusion endpoint).",
+    )
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="Per-call limits of the tool."
+    )
     verify: VerifyConfig = Field(default_factory=VerifyConfig, description="Answer grading.")
     reward: RewardConfig = Field(
         default=FREE_FORM,
@@ -150,6 +159,11 @@ class EvalConfig(_Frozen):
     out: str = Field(
         default="", description="Run directory; empty: runs/eval/<benchmark>-<model name>."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_tool_spelling(cls, data: Any) -> Any:
+        return _tool_spelling(data)
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same evaluation (a resume must match it)."""

@@ -36,7 +36,7 @@ from rstar2_evaluator.model import check_model, load_tokenizer
 from rstar2_evaluator.record import SampleRecord
 from rstar2_evaluator.report import progress_bar
 from rstar2_evaluator.store import RunStore
-from rstar2_evaluator.tool import check_tool, open_tool, outage
+from rstar2_evaluator.tool import check_tool
 from rstar2_rollout import (
     ChatFormat,
     Engine,
@@ -54,7 +54,7 @@ from rstar2_rollout import (
     system_prompt,
 )
 from rstar2_rollout import Problem as RolloutProblem
-from rstar2_sandbox import LocalSandbox, SandboxClient
+from rstar2_sandbox import Sandbox, open_sandbox
 from rstar2_verify import Grader, RewardConfig, graded_text, is_correct, reward_of
 
 
@@ -109,7 +109,7 @@ def to_record(
 
 async def evaluate(
     engine: Engine,
-    sandbox: LocalSandbox | SandboxClient,
+    sandbox: Sandbox,
     grader: Grader,
     tokenizer: Any,
     todo: Sequence[tuple[Problem, int]],
@@ -141,7 +141,7 @@ async def evaluate(
     try:
         async for result in stream:
             traj, problem = result.trajectory, by_id[result.trajectory.group_id]
-            why = traj.error if traj.finish_reason == "error" else await outage(sandbox, traj)
+            why = traj.error if traj.finish_reason == "error" else ""  # the engine's or sandbox's
             if why:
                 failures.append(f"{problem.id}#{traj.sample_index}: {why}")
                 if len(failures) >= max_failures:
@@ -173,7 +173,7 @@ async def _run(
 ) -> list[str]:
     rollout = rollout_config(config, context)
     async with AsyncExitStack() as stack:
-        sandbox = await stack.enter_async_context(open_tool(config))
+        sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
         grader = stack.enter_context(Grader(config.verify))
         engine = build_engine(engine_config, tokenizer=tokenizer)
         stack.push_async_callback(engine.close)

@@ -1,63 +1,40 @@
-"""The code tool of an evaluation: the same sandbox as training, local or on sandbox servers.
+"""The code tool of an evaluation: rstar2-sandbox's backends, opened by `open_sandbox`.
 
-`LocalTool` runs a `LocalSandbox` in this process; `RemoteTool` reaches `rstar2-sandbox serve`
-through `SandboxClient` (several addresses: load spreading and failover). A server's outage must
-not be scored as the model's tool errors: the client answers an unreachable server with REJECTED
-results, so `check_tool` asks every server for its info before the run starts, and `outage`
-re-asks when a trajectory saw a REJECTED call; when no server answers, that sample is not
-recorded. Not covered: starting a server.
+A server's outage must not be scored as the model's tool errors. A call the servers could not
+run comes back `sandbox_error`, which the agent loop turns into a failed trajectory (not
+recorded, retried by a rerun); and `check_tool` asks remote servers for their info before the
+run starts, so a wrong address is one line before anything is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from rstar2_evaluator.config import EvalConfig, RemoteTool
-from rstar2_rollout import Trajectory
-from rstar2_sandbox import ExecutionStatus, LocalSandbox, SandboxClient
+from rstar2_evaluator.config import EvalConfig
+from rstar2_sandbox import RemoteSandboxConfig, SandboxClient, SandboxStartError, open_sandbox
 
 
 class ToolError(ValueError):
     """The tool cannot be used as configured; the message is one actionable line."""
 
 
-def _client(tool: RemoteTool) -> SandboxClient:
-    addresses = [a.strip() for a in tool.address.split(",") if a.strip()]
-    return SandboxClient(addresses, token=tool.token or None)
-
-
-def open_tool(config: EvalConfig) -> LocalSandbox | SandboxClient:
-    """The sandbox to use, as an async context manager."""
-    if isinstance(config.tool, RemoteTool):
-        return _client(config.tool)
-    return LocalSandbox(config.tool.sandbox)
-
-
-async def _answering(client: SandboxClient) -> int:
-    return len(await client.info())
-
-
 def check_tool(config: EvalConfig) -> None:
     """Raise ToolError when no configured sandbox server answers."""
-    if not isinstance(config.tool, RemoteTool):
+    tool = config.tool
+    if not isinstance(tool, RemoteSandboxConfig):
         return
 
     async def probe() -> int:
-        async with _client(config.tool) as client:  # type: ignore[arg-type]
-            return await _answering(client)
+        async with open_sandbox(tool, config.sandbox) as client:
+            assert isinstance(client, SandboxClient)
+            return len(await client.info())
 
-    if asyncio.run(probe()) == 0:
+    try:
+        answering = asyncio.run(probe())
+    except SandboxStartError as exc:
+        raise ToolError(str(exc)) from None
+    if answering == 0:
         raise ToolError(
-            f"no sandbox server answers at {config.tool.address}; start one with "
-            "`rstar2-sandbox serve`, fix tool.address, or use tool.kind=local"
+            f"no sandbox server answers at {','.join(tool.addresses)}; start one with "
+            "`rstar2-sandbox serve`, fix tool.addresses, or use tool.kind=local"
         )
-
-
-async def outage(sandbox: LocalSandbox | SandboxClient, traj: Trajectory) -> str | None:
-    """Why a trajectory's REJECTED tool calls were the servers' fault, or None."""
-    if not isinstance(sandbox, SandboxClient):
-        return None
-    rejected = [c for c in traj.tool_calls if c.status == ExecutionStatus.REJECTED]
-    if not rejected or await _answering(sandbox):
-        return None
-    return f"sandbox servers unreachable: {rejected[-1].message[:200]}"

@@ -2,9 +2,11 @@
 
 `Parts` owns everything that must be stopped at the end (engines, child servers, clients), and
 `open_parts` is an async context manager that stops them in reverse order on any exit.
-The sandbox and verify servers run as child processes on loopback by default, reached over
-gRPC exactly as on a cluster; `mode=address` connects to running ones, `mode=local` runs them
-in-process (for debugging). Trajectories come from one `collect.TrajectorySource`: an in-process
+The tool runs where `tool` says (rstar2-sandbox's backend union: a child `rstar2-sandbox serve`
+on loopback by default, reached over gRPC exactly as on a cluster; running servers; an in-process
+pool; a SandboxFusion endpoint), opened by the sandbox package's `open_sandbox`. The verify
+server runs as a child process too; `mode=address` connects to a running one, `mode=local`
+grades in-process. Trajectories come from one `collect.TrajectorySource`: an in-process
 `RolloutWorker` (the rollout package's scheduler and agent loop over local engines), or, with a
 `remote` section, the `rstar2-rollout serve` workers (`remote.RemoteWorkers`; no local engine
 or sandbox).
@@ -23,7 +25,7 @@ import torch
 from rstar2_rollout import ChatFormat, Engine, RolloutWorker, WorkerConfig, system_prompt
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.worker import agent_producer
-from rstar2_sandbox import Sandbox
+from rstar2_sandbox import Sandbox, open_sandbox
 from rstar2_trainer.collect import TrajectorySource
 from rstar2_trainer.config import ConfigError, PretrainedModelConfig, ServiceConfig, TrainerConfig
 from rstar2_trainer.meter import EngineMeter
@@ -168,42 +170,6 @@ def grpc_healthy(address: str) -> bool:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def _open_sandbox(
-    config: TrainerConfig,
-    service: ServiceConfig,
-    servers: list[ChildServer],
-    token: RunToken | None = None,
-) -> Sandbox:
-    limits = config.sandbox
-    if service.mode == "local":
-        from rstar2_sandbox.local import LocalSandbox
-
-        return LocalSandbox(limits)
-    address = service.address
-    if service.mode == "child":
-        argv = [
-            *console_script("rstar2-sandbox"),
-            "serve",
-            "--workers",
-            str(service.workers),
-            "--timeout",
-            str(limits.default_timeout_s),
-            "--memory-mb",
-            str(max(1, limits.memory_bytes >> 20)),
-            "--max-output-bytes",
-            str(limits.max_output_bytes),
-        ]
-        server = ChildServer(
-            "sandbox", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
-        )
-        servers.append(server)
-        address = server.start()
-    from rstar2_sandbox.client import SandboxClient
-
-    assert address is not None
-    return SandboxClient([address], token=service_token(service, token))
-
-
 async def _open_verifier(
     config: TrainerConfig,
     service: ServiceConfig,
@@ -255,8 +221,7 @@ async def open_parts(
             stack.push_async_callback(remote.close)
             yield Parts(model_dir, model, tokenizer, [], remote, None, scorer, servers, remote)
             return
-        sandbox = await _open_sandbox(config, config.sandbox_service, servers)
-        stack.push_async_callback(sandbox.close)
+        sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
         engines = [EngineMeter(e) for e in build_engines(config, model_dir, model, tokenizer)]
         for engine in engines:
             stack.push_async_callback(engine.close)

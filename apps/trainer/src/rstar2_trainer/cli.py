@@ -114,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     if not resume:
         write_config(run_dir, config)
         write_reports(data, run_dir)
+    from rstar2_sandbox import SandboxStartError
     from rstar2_trainer.cluster import ClusterError
     from rstar2_trainer.train import run
 
     try:
         run(config, run_dir, resume=resume, data=data)
-    except (ServerError, ClusterError) as exc:
+    except (ServerError, ClusterError, SandboxStartError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

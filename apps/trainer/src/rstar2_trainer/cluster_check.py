@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             engines_per_node=args.engines_per_node,
             gpus_per_engine=args.gpus_per_engine,
             services_host=args.services_host,
-            sandbox_workers=config.sandbox_service.workers,
+            sandbox_workers=getattr(config.tool, "workers", 2),
             verify_workers=config.verify_service.workers,
         )
     except (ConfigError, ValueError) as exc:

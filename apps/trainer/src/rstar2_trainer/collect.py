@@ -10,8 +10,9 @@ order they finish. Two implement it, with one signature:
 
 `collect` sends every setting of the step's `RolloutConfig` (`RolloutSampling.of`), grades each
 trajectory as soon as it arrives (`Scorer`, off the generation path as in the paper), and returns
-them in batch order with the phase times. A job that produced no trajectory (its engine died)
-is a failed job, not a trajectory.
+them in batch order with the phase times. A trajectory that ended in "error" (its engine died,
+the sandbox failed) is a failed job: it is neither graded nor trained on, since the failure was
+the system's, not the model's.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ async def collect(
     try:
         async for result in source.generate(asked, RolloutSampling.of(config, n)):
             traj = result.trajectory
-            if traj.finish_reason == "error" and not traj.prompt_ids:
+            if traj.finish_reason == "error":  # the engine or the sandbox failed, not the model
                 failed.append(f"{result.engine}: {traj.error}".lstrip(": "))
             else:
                 trajectories.append(traj)

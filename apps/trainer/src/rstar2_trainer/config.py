@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rstar2_algos import AlgoConfig, GrpoRocConfig
 from rstar2_curriculum import CurriculumConfig, SFTSources
 from rstar2_rollout import RolloutConfig, SchedulerConfig
-from rstar2_sandbox import SandboxConfig
+from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -344,8 +344,10 @@ class TrainerConfig(_Section):
         default_factory=CurriculumConfig, description="Data and stages."
     )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Tool limits.")
-    sandbox_service: ServiceConfig = Field(
-        default_factory=ServiceConfig, description="Where tool calls run."
+    tool: SandboxBackendConfig = Field(
+        default_factory=ChildSandboxConfig,
+        description="Where tool calls run: child (a sandbox server started on loopback), "
+        "remote (running servers), local (in this process), fusion (a SandboxFusion endpoint).",
     )
     verify: VerifyConfig = Field(default_factory=VerifyConfig, description="Grading limits.")
     reward: RewardConfig = Field(

@@ -17,7 +17,8 @@ A turn ends with the model's stop token. Then:
   gets an explanatory tool response and outcome parse_error; every call gets one
   `<tool_response>` block in one user turn;
 - the turn hit the token budget (or the context limit): "max_length"; max turns: "max_turns";
-- the engine failed, or the sandbox raised: "error" (the message is kept in `error`).
+- the engine failed, the sandbox raised, or a call came back `sandbox_error` (the sandbox, not the
+  model, failed): "error" (the message is kept in `error`; trainers drop such trajectories).
 
 The budget counts response tokens; with `count_tool_tokens` (the paper's choice) template and
 tool tokens count too and the response never exceeds it (a tool response that would overflow is
@@ -173,6 +174,10 @@ async def run_agent(
             outputs = await _run_calls(sandbox, traj, turn, parsed.calls, config, rid)
         except Exception as exc:
             traj.finish_reason, traj.error = "error", f"sandbox: {type(exc).__name__}: {exc}"
+            break
+        lost = [c for c in traj.tool_calls if c.status == ExecutionStatus.SANDBOX_ERROR]
+        if lost:  # the sandbox failed, not the model: the trajectory is the system's failure
+            traj.finish_reason, traj.error = "error", f"sandbox: {lost[-1].message}"
             break
         last_turn = turn + 1 == config.max_turns
         piece = fmt.after_assistant_ids() + fmt.tool_turn_ids(outputs)

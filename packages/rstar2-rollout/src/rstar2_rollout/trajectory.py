@@ -36,6 +36,9 @@ _OUTCOME_OF_STATUS: dict[ExecutionStatus, ToolOutcome] = {
     ExecutionStatus.MEMORY_EXCEEDED: "error",
     ExecutionStatus.REJECTED: "error",
     ExecutionStatus.TIMEOUT: "timeout",
+    # The sandbox failed (worker lost, servers full or unreachable): the loop ends such a
+    # trajectory as an error, so this outcome never reaches the model's tool-error counts.
+    ExecutionStatus.SANDBOX_ERROR: "error",
 }
 
 

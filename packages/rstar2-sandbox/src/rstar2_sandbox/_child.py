@@ -6,15 +6,21 @@ nothing was printed, as a notebook does). It reports the outcome as a plain dict
 type name, a traceback trimmed to the user's own frames (library frames the user called into are
 kept; the harness's are not), the repr, and an exit code (SystemExit is an exit, not an error).
 
-`run_once` is the body of a one-shot child: standard streams are already the worker's pipes; it
-writes the outcome as JSON to the result descriptor and leaves with os._exit. `serve_session`
-is the body of a session child: cells arrive as frames, output is captured in memory with a cap,
-globals persist until the worker kills it. Nothing here confines: `_confine` did that.
+`run_once` is the body of a one-shot child: the code arrives in a memfd, standard streams are
+already the worker's pipes. It ends as `python file.py` ends: non-daemon threads are joined, atexit
+handlers run, the program's globals are released (finalizers run) and the buffers are flushed;
+then it writes the outcome as JSON to the result descriptor and leaves with os._exit (the
+interpreter's own teardown of the preloaded maths stack would cost more than the call). The JSON
+encoder is bound at import, so a program that replaces `json.dumps` cannot break the report; the
+worker still treats the report as hostile (`_outcome.parse_report`). `serve_session` is the body
+of a session child: cells arrive as frames, output is captured in memory with a cap, globals
+persist until the worker kills it. Nothing here confines: `_confine` did that.
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import io
 import json
@@ -22,12 +28,24 @@ import linecache
 import os
 import struct
 import sys
+import threading
 import traceback
 from types import TracebackType
 from typing import Any
 
 CELL = "<cell>"
 _REPR_CAP = 1 << 16
+_TRACEBACK_CAP = 1 << 16
+_ENCODE = json.JSONEncoder(ensure_ascii=True).encode  # bound before any user code runs
+_PACK = struct.Struct("!I").pack
+_WRITE = os.write
+
+
+def _capped_text(text: str, cap: int) -> str:
+    if len(text) <= cap:
+        return text
+    half = cap // 2
+    return f"{text[:half]}\n[... {len(text) - cap} characters omitted ...]\n{text[-half:]}"
 
 
 def _trimmed_traceback(exc: BaseException) -> str:
@@ -71,7 +89,7 @@ def run_cell(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:  # the user's code may raise anything, KeyboardInterrupt included
         outcome["exc_type"] = "MemoryError" if isinstance(exc, MemoryError) else type(exc).__name__
         try:
-            outcome["traceback"] = _trimmed_traceback(exc)
+            outcome["traceback"] = _capped_text(_trimmed_traceback(exc), _TRACEBACK_CAP)
         except MemoryError:
             outcome["traceback"] = "MemoryError\n"
         outcome["exit_code"] = 1
@@ -82,15 +100,38 @@ def _fresh_namespace() -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": __builtins__}
 
 
-def _reset_process(cwd: str) -> None:
+def _reset_process() -> None:
     os.environ.clear()
-    os.environ.update({"HOME": cwd, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    os.environ.update({"HOME": os.getcwd(), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
     sys.argv = [""]
 
 
-def run_once(code: str, result_fd: int, cwd: str) -> None:
-    """Body of a one-shot child: run `code` with fds 0-2 as set up, report, exit."""
-    _reset_process(cwd)
+def _read_all(fd: int) -> bytes:
+    parts = []
+    while chunk := os.read(fd, 1 << 20):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _finish_like_python(namespace: dict[str, Any]) -> None:
+    """What the interpreter does at the end of `python file.py`, short of its own teardown."""
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    with contextlib.suppress(BaseException):
+        namespace.clear()  # the program's objects go: their finalizers run
+    with contextlib.suppress(BaseException):
+        import gc
+
+        gc.collect()
+
+
+def run_once(code_fd: int, result_fd: int) -> None:
+    """Body of a one-shot child: read the code from `code_fd`, run it, report, exit."""
+    code = _read_all(code_fd).decode("utf-8", "surrogatepass")
+    os.close(code_fd)
+    _reset_process()
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
@@ -101,14 +142,19 @@ def run_once(code: str, result_fd: int, cwd: str) -> None:
         errors="backslashreplace",
         write_through=True,
     )
-    outcome = run_cell(code, _fresh_namespace())
-    for stream in (sys.stdout, sys.stderr):
+    namespace = _fresh_namespace()
+    outcome = run_cell(code, namespace)
+    _finish_like_python(namespace)
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         # A broken pipe or a full disk must not hide the outcome.
         with contextlib.suppress(BaseException):
-            stream.flush()
+            stream.flush()  # type: ignore[union-attr]
     with contextlib.suppress(BaseException):
-        write_all(result_fd, json.dumps(outcome).encode())
-    os._exit(outcome["exit_code"] if isinstance(outcome["exit_code"], int) else 1)
+        data = _ENCODE(outcome).encode()
+        view = memoryview(data)
+        while view:
+            view = view[_WRITE(result_fd, view) :]
+    os._exit(outcome["exit_code"] & 0xFF if isinstance(outcome["exit_code"], int) else 1)
 
 
 class _CappedText(io.TextIOBase):
@@ -155,9 +201,9 @@ def read_frame(fd: int) -> bytes | None:
     return bytes(data)
 
 
-def serve_session(in_fd: int, out_fd: int, cwd: str) -> None:
+def serve_session(in_fd: int, out_fd: int) -> None:
     """Body of a session child: run cells from `in_fd` in one namespace until EOF."""
-    _reset_process(cwd)
+    _reset_process()
     namespace = _fresh_namespace()
     while True:
         frame = read_frame(in_fd)
@@ -173,5 +219,5 @@ def serve_session(in_fd: int, out_fd: int, cwd: str) -> None:
             stdout_truncated=out.size > out.cap,
             stderr_truncated=err.size > err.cap,
         )
-        data = json.dumps(outcome).encode()
-        write_all(out_fd, struct.pack("!I", len(data)) + data)
+        data = _ENCODE(outcome).encode()
+        write_all(out_fd, _PACK(len(data)) + data)

@@ -1,49 +1,88 @@
-"""Confinement of the warm workers and of every call they fork.
+"""Confinement of the worker, its zygote and every call, the same with or without root.
 
-Contract. A worker calls `confine_worker` once at start-up: it leaves the host's network (a new,
-empty network namespace: no interface but a downed loopback) and, in a new mount namespace, mounts
-small private tmpfs over /tmp, /var/tmp and /dev/shm, so nothing a call writes reaches the host's
-disks. Each forked call then runs `confine_call`: a new session (its own process group), rlimits
-(address space, CPU seconds, file size, open files, core dumps off, processes), its private working
-directory, an unprivileged uid of its own when the worker is root (so /proc of the server, other
-calls and every root-owned path are out of reach and nothing outside the working directory is
-writable), and last the seccomp filter of `_seccomp`, which among others denies every way to start
-a process: that is what bounds fork bombs even as root, where RLIMIT_NPROC does not apply.
+Contract. Three stages, each recorded in `Confinements` (what is active, and for what is not, why;
+nothing is skipped silently):
 
-What could not be enabled is recorded with its reason in `Confinements`, never silently skipped.
-Not covered: cgroups (CPU and memory are bounded by rlimits and the wall clock), and user
-namespaces for a non-root worker beyond the network namespace.
+- `enter_worker_namespaces` (the worker, once): a user namespace when not root (mapping only the
+  server's own uid), then new network (no interface but a downed loopback), IPC (no SysV object or
+  message queue of the host or of another worker), UTS and pid namespaces. The worker stays in
+  the host's pid namespace; its first child, the zygote, is pid 1 of the new one, so when the
+  zygote dies the kernel kills every call, and a call can see or signal nothing outside it.
+- `build_root` (the zygote, once): a private mount namespace whose root is a read-only tmpfs
+  holding only what the interpreter needs: /usr and the /lib directories, a few /etc files, the
+  interpreter's prefix, the virtualenv and the import directories (all bound read-only, nosuid,
+  nodev), a minimal /dev (null, zero, full, random, urandom), a fresh /proc of the zygote's pid
+  namespace and an empty /tmp; then pivot_root and the host's tree is detached.
+- `confine_call` (each forked call): own session and process group, parent-death signal, a
+  private mount namespace with its own tmpfs on /tmp as working directory (gone with the call),
+  rlimits, a uid of its own when the server is root, every capability dropped (bounding set
+  included), not dumpable (no /proc/<pid>/mem, environ, fd for anyone else), and last the seccomp
+  filter of `_seccomp`.
+
+Not covered: cgroups (this host's are v1 without delegation; memory is bounded by RLIMIT_AS and
+the call's tmpfs size, CPU by rlimits and the wall clock).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import resource
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 
 from rstar2_sandbox import _seccomp
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
+_MS_RDONLY = 0x1
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MS_REMOUNT = 0x20
+_MS_BIND = 0x1000
 _MS_REC = 0x4000
 _MS_PRIVATE = 1 << 18
-_PR_SET_PDEATHSIG = 1
-_MS_BIND = 0x1000
 _MNT_DETACH = 2
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_KEPT_FLAGS = 0x1 | 0x2 | 0x4 | 0x8 | 0x400 | 0x800 | 0x1000  # statvfs bits a remount must keep
 
-# What --require-isolation insists on.
-REQUIRED = ("netns", "mountns", "seccomp", "rlimits", "new_session", "private_tmp")
+# What a server insists on unless started with --allow-weak-isolation.
+REQUIRED = (
+    "netns",
+    "pidns",
+    "ipcns",
+    "utsns",
+    "mountns",
+    "rootfs",
+    "proc",
+    "dev",
+    "private_tmp",
+    "no_caps",
+    "seccomp",
+    "rlimits",
+    "new_session",
+)
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_ETC_FILES = ("ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "host.conf")
+_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 
 
 @dataclass
 class Confinements:
-    """Which confinements are active in a worker, and why the others are not."""
+    """Which confinements are active, and why the others are not."""
 
     active: list[str] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -56,157 +95,204 @@ class Confinements:
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _libc() -> ctypes.CDLL:
-    return _LIBC
+def _cap_last() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+_CAP_LAST = _cap_last()  # read while the host's /proc is still there
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def _unshare(flags: int) -> None:
-    if _libc().unshare(flags) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare: {os.strerror(err)}")
+    _check(_LIBC.unshare(flags), "unshare")
 
 
-def _mount_tmpfs(target: str, size: int) -> None:
-    options = f"size={size},mode=0755".encode()
-    flags = _MS_NOSUID | _MS_NODEV
-    if _libc().mount(b"tmpfs", target.encode(), b"tmpfs", flags, options) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
+def _mount(source: str | None, target: str, kind: str | None, flags: int, data: str = "") -> None:
+    _check(
+        _LIBC.mount(
+            source.encode() if source else None,
+            target.encode(),
+            kind.encode() if kind else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {source or kind} on {target}",
+    )
 
 
-def _enter_netns(conf: Confinements) -> None:
-    if os.geteuid() == 0:
+# --- the worker ---------------------------------------------------------------------------------
+def enter_worker_namespaces(conf: Confinements) -> None:
+    """User (when not root), network, IPC, UTS and pid namespaces for the worker's children."""
+    if os.geteuid() != 0:
+        uid, gid = os.geteuid(), os.getegid()
         try:
-            _unshare(_CLONE_NEWNET)
-            conf.active.append("netns")
+            _unshare(_CLONE_NEWUSER)
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"{uid} {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"{gid} {gid} 1")
+            conf.active.append("userns")
         except OSError as exc:
-            conf.unavailable["netns"] = str(exc)
-        return
-    uid, gid = os.geteuid(), os.getegid()
-    try:  # unprivileged: a user namespace that maps only ourselves, then a network namespace
-        _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
-        conf.active += ["userns", "netns"]
-    except OSError as exc:
-        conf.unavailable["netns"] = f"no user namespaces for a non-root user: {exc}"
+            reason = f"no user namespace for a non-root server: {exc}"
+            for name in ("userns", "netns", "ipcns", "utsns", "pidns"):
+                conf.unavailable[name] = reason
+            return
+    for name, flag in (
+        ("netns", _CLONE_NEWNET),
+        ("ipcns", _CLONE_NEWIPC),
+        ("utsns", _CLONE_NEWUTS),
+        ("pidns", _CLONE_NEWPID),
+    ):
+        try:
+            _unshare(flag)
+            conf.active.append(name)
+        except OSError as exc:
+            conf.unavailable[name] = str(exc)
+    if "utsns" in conf.active:
+        socket.sethostname("sandbox")
 
 
-_COVERED = ("/tmp", "/var/tmp", "/dev/shm")  # each gets a private, root-owned tmpfs
-
-
+# --- the zygote: a read-only root of its own ------------------------------------------------------
 def _under(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory + os.sep)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def _blocked_ancestor(path: str) -> str | None:
-    """The outermost directory above `path` that other users cannot enter, if any."""
-    parts = path.split(os.sep)[1:]
-    for depth in range(1, len(parts)):
-        ancestor = os.sep + os.path.join(*parts[:depth])
-        if not os.stat(ancestor).st_mode & 0o001:
-            return ancestor
-    return None
-
-
-def _bind(source: str, target: str) -> None:
-    if _libc().mount(source.encode(), target.encode(), None, _MS_BIND | _MS_REC, None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"bind {source} on {target}: {os.strerror(err)}")
-
-
-def _import_trees() -> list[str]:
-    """The directories Python imports from (sys.path), outermost first, nested ones dropped."""
+def python_trees() -> list[str]:
+    """The interpreter's prefixes and import directories, outermost first, nested ones dropped."""
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    candidates |= {e for e in sys.path if e}
     trees: list[str] = []
-    for tree in sorted({os.path.realpath(e) for e in sys.path if e and os.path.isdir(e)}):
+    for tree in sorted({os.path.realpath(c) for c in candidates if os.path.isdir(c)}):
+        if tree == "/" or any(_under(tree, d) for d in _SYSTEM_DIRS):
+            continue  # under /usr or /lib: bound anyway
         if not any(_under(tree, kept) for kept in trees):
             trees.append(tree)
     return trees
 
 
-def _private_tmp(conf: Confinements, tmpfs_bytes: int) -> None:
-    """Private tmpfs over /tmp, /var/tmp, /dev/shm, keeping the import path reachable.
+def _bind_readonly(fd: int, target: str, source_path: str) -> None:
+    """Bind the directory or file held by `fd` on `target`, then make it read-only.
 
-    The interpreter's import directories may sit under a covered directory (a virtual
-    environment in /tmp) or under one other users cannot enter (/root/.pyenv under a 0700
-    /root). Each such directory is held open (O_PATH) before the covering mounts and bound back
-    at its own path afterwards, so a call running as its own uid can still import what the worker
-    had not, while everything else there is hidden (`hidden:<dir>` in the report).
+    A remount inside a user namespace must keep the flags the source mount has locked (nosuid,
+    noexec...), so they are read from the source and kept.
     """
-    if os.geteuid() != 0:
-        conf.unavailable["mountns"] = "private tmpfs mounts need root"
-        return
+    _mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
+    kept = os.statvfs(source_path).f_flag & _KEPT_FLAGS
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept
+    _mount(None, target, None, flags)
+
+
+def _pivot_root(root: str) -> None:
+    number = _seccomp._TABLES[platform.machine()][1]["pivot_root"]
+    os.chdir(root)
+    _check(_LIBC.syscall(number, b".", b"."), "pivot_root")
+    _check(_LIBC.umount2(b".", _MNT_DETACH), "detach the host's root")
+    os.chdir("/")
+
+
+def build_root(conf: Confinements) -> None:
+    """Replace the zygote's view of the host by a read-only tree of what Python needs."""
     try:
         _unshare(_CLONE_NEWNS)
-        if _libc().mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"make / private: {os.strerror(err)}")
-        keep, hide = [], set()
-        for tree in _import_trees():
-            if any(_under(tree, covered) for covered in _COVERED):
-                keep.append(tree)
-            elif (ancestor := _blocked_ancestor(tree)) is not None:
-                keep.append(tree)
-                hide.add(ancestor)
-        held = [(tree, os.open(tree, os.O_PATH | os.O_DIRECTORY)) for tree in keep]
-        _mount_tmpfs("/tmp", tmpfs_bytes)
-        for extra in _COVERED[1:]:
-            if os.path.isdir(extra):
-                _mount_tmpfs(extra, 1 << 20)
-        for ancestor in sorted(hide):
-            _mount_tmpfs(ancestor, 1 << 20)
-            conf.active.append(f"hidden:{ancestor}")
-        for tree, fd in held:
-            os.makedirs(tree, mode=0o755, exist_ok=True)
-            _bind(f"/proc/self/fd/{fd}", tree)
-            os.close(fd)
-        conf.active.append("mountns")
+        _mount("none", "/", None, _MS_REC | _MS_PRIVATE)
     except OSError as exc:
-        conf.unavailable["mountns"] = str(exc)
+        for name in ("mountns", "rootfs", "proc", "dev", "private_tmp"):
+            conf.unavailable[name] = f"no private mount namespace: {exc}"
+        return
+    conf.active.append("mountns")
+    try:
+        # Hold every source before the new root covers /tmp (a virtualenv may live there).
+        sources: list[tuple[str, int, bool]] = []  # path, O_PATH fd, is a directory
+        links: list[tuple[str, str]] = []
+        for path in _SYSTEM_DIRS:
+            if os.path.islink(path):
+                links.append((path, os.readlink(path)))
+            elif os.path.isdir(path):
+                sources.append((path, os.open(path, os.O_PATH), True))
+        for name in _ETC_FILES:
+            path = f"/etc/{name}"
+            if os.path.islink(path):
+                links.append((path, os.readlink(path)))
+            elif os.path.isfile(path):
+                sources.append((path, os.open(path, os.O_PATH), False))
+        for tree in python_trees():
+            sources.append((tree, os.open(tree, os.O_PATH), True))
+        devices = [(f"/dev/{d}", os.open(f"/dev/{d}", os.O_PATH)) for d in _DEVICES]
+        root = "/tmp"
+        _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=0755")
+        for path, fd, is_dir in sources:
+            target = root + path
+            if is_dir:
+                os.makedirs(target, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+                open(target, "w").close()
+            _bind_readonly(fd, target, f"/proc/self/fd/{fd}")
+            os.close(fd)
+        for path, destination in links:
+            os.makedirs(os.path.dirname(root + path), mode=0o755, exist_ok=True)
+            os.symlink(destination, root + path)
+        os.makedirs(root + "/tmp", mode=0o755)
+        conf.active.append("rootfs")
+    except OSError as exc:
+        conf.unavailable["rootfs"] = str(exc)
+        return
+    try:
+        os.makedirs(root + "/dev", mode=0o755)
+        _mount("tmpfs", root + "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+        for path, fd in devices:
+            open(root + path, "w").close()
+            _mount(f"/proc/self/fd/{fd}", root + path, None, _MS_BIND)
+            os.close(fd)
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
+            os.symlink(target, f"{root}/dev/{name}")
+        _mount(None, root + "/dev", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+        conf.active.append("dev")
+    except OSError as exc:
+        conf.unavailable["dev"] = str(exc)
+    try:
+        os.makedirs(root + "/proc", mode=0o555)
+        _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        conf.active.append("proc")
+    except OSError as exc:
+        conf.unavailable["proc"] = f"cannot mount a fresh /proc: {exc}"
+    try:
+        _mount(None, root, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        _pivot_root(root)
+    except OSError as exc:  # the tree is built but not entered: nothing of it counts
+        for name in ("rootfs", "dev", "proc"):
+            if name in conf.active:
+                conf.active.remove(name)
+            conf.unavailable[name] = f"pivot_root failed: {exc}"
 
 
-def confine_worker(tmpfs_bytes: int, seccomp: bool = True) -> Confinements:
-    """Confine the worker itself (once, before it forks calls) and probe the rest."""
-    conf = Confinements(active=["rlimits", "new_session", "private_tmp"])
-    _enter_netns(conf)
-    _private_tmp(conf, tmpfs_bytes)
-    if os.geteuid() == 0:
-        conf.active.append("uid")
-    else:
-        conf.unavailable["uid"] = "calls run as the server's own uid (not root); nproc rlimit set"
-    reason = _seccomp.supported() if seccomp else "disabled by configuration"
-    if reason is None:
-        pid = os.fork()  # try it for real in a throwaway child
-        if pid == 0:
-            try:
-                _seccomp.install_filter()
-                os._exit(0)
-            except BaseException:
-                os._exit(1)
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            reason = "the kernel refused the filter (prctl failed)"
-    if reason is None:
-        _seccomp.prepare()
-        conf.active.append("seccomp")
-    else:
-        conf.unavailable["seccomp"] = reason
-    return conf
-
-
+# --- each call ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CallLimits:
     """The limits one forked call runs under."""
 
-    timeout_s: float | None  # None: no CPU-seconds limit (sessions; the wall clock still holds)
+    cpu_s: float | None  # RLIMIT_CPU; None: none (the wall clock still holds)
     memory_bytes: int
     file_size_bytes: int
     open_files: int
     processes: int
+    tmp_bytes: int
 
 
 def _address_space() -> int:
@@ -214,27 +300,61 @@ def _address_space() -> int:
         return int(statm.read().split()[0]) * resource.getpagesize()
 
 
-def confine_call(cwd: str, uid: int | None, limits: CallLimits, seccomp: bool) -> None:
-    """Confine the freshly forked child; the order matters (rlimits and uid before seccomp)."""
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def _drop_bounding_set() -> None:
+    """Empty the bounding and ambient sets (needs CAP_SETPCAP: before any uid change)."""
+    for cap in range(_CAP_LAST + 1):
+        _check(_LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+    _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def _drop_capabilities() -> None:
+    """Empty the effective, permitted and inheritable sets."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_LIBC.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+def confine_call(uid: int | None, limits: CallLimits, seccomp: bool, private_tmp: bool) -> None:
+    """Confine a freshly forked call; the order matters (mounts and uid before seccomp)."""
     os.setsid()
-    os.chdir(cwd)
-    if limits.timeout_s is not None:
-        cpu = int(limits.timeout_s) + 1
+    parent = os.getppid()
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(70)
+    if private_tmp:
+        _unshare(_CLONE_NEWNS)
+        owner = f",uid={uid},gid={uid}" if uid is not None else ""
+        options = f"size={limits.tmp_bytes},nr_inodes=4096,mode=0700{owner}"
+        _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+        os.chdir("/tmp")
+    if limits.cpu_s is not None:
+        cpu = max(1, int(limits.cpu_s + 0.999))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     space = _address_space() + limits.memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (space, space))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _drop_bounding_set()
     if uid is not None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    parent = os.getppid()
-    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
-    if os.getppid() != parent:
-        os._exit(70)
-    if os.geteuid() != 0:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # setuid cleared it
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    _drop_capabilities()
+    _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     if seccomp:
         _seccomp.install_filter()

@@ -1,9 +1,12 @@
 """From what a child left behind to a status: the one place that decides how a call ended.
 
-Contract. `classify` turns an `Outcome` (the child's own report if it got to write one, its wait
+Contract. `parse_report` reads the child's own account as hostile input: anything but a JSON
+object with exactly the expected fields and types, within the size cap, is refused with a reason
+(the call is then an `error` with a sandbox-side message, never the worker's death). `classify` turns an `Outcome` (the child's own report if it got to write one, its wait
 status, whether the worker killed it and why, and the captured bytes with their full sizes) into
 the fields of an `ExecutionResult` as a plain dict. Precedence: a kill by the worker (timeout,
-cancel) wins, then a death by the CPU-seconds limit (a timeout too), then memory (MemoryError),
+cancel) wins, then a death by the CPU-seconds limit (a timeout too, but only when the call really
+used its CPU seconds: a signal the call sent itself is an `error` naming it), then memory (MemoryError),
 then an error (an exception, a non-zero exit, a signal), then a truncated output, then ok.
 Captured bytes are decoded as UTF-8 with replacement and cut at the cap with a visible marker.
 Not covered: anything about running or confining code.
@@ -11,10 +14,42 @@ Not covered: anything about running or confining code.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from dataclasses import dataclass
 from typing import Any
+
+REPORT_CAP = 1 << 20
+_ONCE_FIELDS = {"exc_type": str, "traceback": str, "repr": str, "exit_code": int}
+_SESSION_FIELDS = _ONCE_FIELDS | {
+    "stdout": str,
+    "stderr": str,
+    "stdout_truncated": bool,
+    "stderr_truncated": bool,
+}
+
+
+def parse_report(data: bytes, session: bool = False) -> tuple[dict[str, Any] | None, str]:
+    """The child's report and "", or None and why it was refused."""
+    if not data:
+        return None, ""
+    if len(data) > REPORT_CAP:
+        return None, f"report over {REPORT_CAP} bytes"
+    try:
+        report = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        return None, f"report is not JSON ({type(exc).__name__})"
+    fields = _SESSION_FIELDS if session else _ONCE_FIELDS
+    if not isinstance(report, dict) or set(report) != set(fields):
+        return None, "report does not have the expected fields"
+    for name, kind in fields.items():
+        value = report[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return None, f"report field {name} is not {kind.__name__}"
+    if not -(1 << 31) <= report["exit_code"] < 1 << 31:
+        return None, "report exit_code out of range"
+    return report, ""
 
 
 @dataclass
@@ -29,6 +64,9 @@ class Outcome:
     stderr: bytes
     stdout_size: int
     stderr_size: int
+    cpu_s: float = 0.0
+    cpu_limit_s: float | None = None  # RLIMIT_CPU of the call, if any
+    report_problem: str = ""  # why the child's report was refused
 
     @classmethod
     def from_session(cls, report: dict[str, Any], cap: int) -> Outcome:
@@ -53,6 +91,13 @@ def _capped(data: bytes, size: int, cap: int) -> tuple[str, bool]:
     return text + f"\n[output truncated: {size} bytes written, first {cap} shown]\n", True
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
 def classify(o: Outcome) -> dict[str, Any]:
     """The result fields (status, stdout, stderr, traceback, result_repr, exit_code, message)."""
     report = o.report or {}
@@ -73,14 +118,22 @@ def classify(o: Outcome) -> dict[str, Any]:
         status, message = "timeout", "wall-clock limit reached; the process group was killed"
     elif o.killed:
         status, message = "rejected", f"call {o.killed}; the process group was killed"
-    elif signum in (signal.SIGXCPU, signal.SIGKILL) and not report:
+    elif (
+        signum in (signal.SIGXCPU, signal.SIGKILL)
+        and not report
+        and o.cpu_limit_s is not None
+        and o.cpu_s >= 0.9 * o.cpu_limit_s  # rusage may trail the kernel's own accounting
+    ):
         status, message = "timeout", f"CPU-seconds limit reached (signal {signum})"
+    elif o.report_problem and not signum:
+        status = "error"
+        message = f"sandbox: the call's report was refused ({o.report_problem})"
     elif exc_type == "MemoryError":
         status, message = "memory_exceeded", "address-space limit reached (MemoryError)"
     elif exc_type or exit_code != 0:
         status = "error"
         if signum:
-            message = f"killed by signal {signal.Signals(signum).name}"
+            message = f"killed by signal {_signal_name(signum)}"
         elif exc_type:
             message = exc_type
         else:

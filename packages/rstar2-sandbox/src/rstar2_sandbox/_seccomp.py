@@ -4,11 +4,14 @@ Contract: `install_filter()` confines the calling process (and everything it cou
 rest of its life. The filter checks the architecture (any other ABI, x32 included, is killed), then
 answers EPERM to system calls that a maths snippet never needs and that an escape does: sockets,
 ptrace and cross-process memory access, mount and namespace changes, kernel modules, kexec, bpf,
-io_uring, keyrings, and every way to start a process (fork, vfork, execve, and clone without
-CLONE_THREAD; clone3, whose flags BPF cannot read, answers ENOSYS so glibc falls back to clone).
-Threads still work. `supported()` says whether this machine can take a filter, and why not.
+io_uring, keyrings, SysV IPC, POSIX message queues and memfds (memory outside RLIMIT_AS that could
+outlive the call), pidfds, and every way to start a process (fork, vfork, execve, and clone
+without CLONE_THREAD; clone3, whose flags BPF cannot read, answers ENOSYS so glibc falls back to
+clone). Signals (kill, tgkill, sigqueue), prlimit, scheduling and setpriority are allowed only
+when aimed at the calling process itself (0 or its own pid, patched in at install time), so a call
+cannot signal or starve its siblings even when they share its uid. Threads still work. `supported()` says whether this machine can take a filter, and why not.
 
-Not covered: argument filtering beyond clone's flags, and architectures other than x86_64 and
+Not covered: argument filtering beyond the ones above, and architectures other than x86_64 and
 aarch64 (where `supported()` says so and the caller reports seccomp as unavailable).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import platform
 import struct
 
@@ -85,6 +89,53 @@ _DENIED = [
     "vfork",
     "execve",
     "execveat",
+    # Memory outside RLIMIT_AS and state that would outlive the call: SysV IPC, POSIX message
+    # queues, memfds.
+    "shmget",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "semget",
+    "semop",
+    "semctl",
+    "semtimedop",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+    "memfd_create",
+    "memfd_secret",
+    # Reaching other processes: pidfds, kcmp, and signals not aimed at the call itself.
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pidfd_getfd",
+    "kcmp",
+    "process_madvise",
+    "process_mrelease",
+    "tkill",
+    "ioprio_set",
+]
+
+# Allowed only when the first argument names the call itself (0 or its own pid): kill(0, ...)
+# reaches the call's own process group, which holds only the call.
+_SELF_ONLY = [
+    "kill",
+    "tgkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "prlimit64",
+    "sched_setaffinity",
+    "sched_setscheduler",
+    "sched_setparam",
+    "sched_setattr",
+    "move_pages",
+    "migrate_pages",
 ]
 
 # System call numbers of the denied calls (x86_64 and the generic table of aarch64).
@@ -137,6 +188,46 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "vfork": 58,
             "execve": 59,
             "execveat": 322,
+            "shmget": 29,
+            "shmat": 30,
+            "shmctl": 31,
+            "shmdt": 67,
+            "semget": 64,
+            "semop": 65,
+            "semctl": 66,
+            "semtimedop": 220,
+            "msgget": 68,
+            "msgsnd": 69,
+            "msgrcv": 70,
+            "msgctl": 71,
+            "mq_open": 240,
+            "mq_unlink": 241,
+            "mq_timedsend": 242,
+            "mq_timedreceive": 243,
+            "mq_notify": 244,
+            "mq_getsetattr": 245,
+            "memfd_create": 319,
+            "memfd_secret": 447,
+            "pidfd_open": 434,
+            "pidfd_send_signal": 424,
+            "pidfd_getfd": 438,
+            "kcmp": 312,
+            "process_madvise": 440,
+            "process_mrelease": 448,
+            "tkill": 200,
+            "ioprio_set": 251,
+            "kill": 62,
+            "tgkill": 234,
+            "rt_sigqueueinfo": 129,
+            "rt_tgsigqueueinfo": 297,
+            "prlimit64": 302,
+            "sched_setaffinity": 203,
+            "sched_setscheduler": 144,
+            "sched_setparam": 142,
+            "sched_setattr": 314,
+            "move_pages": 279,
+            "migrate_pages": 256,
+            "setpriority": 141,
             "clone": 56,
             "clone3": 435,
         },
@@ -187,6 +278,46 @@ _TABLES: dict[str, tuple[int, dict[str, int]]] = {
             "mount_setattr": 442,
             "execve": 221,
             "execveat": 281,
+            "shmget": 194,
+            "shmat": 196,
+            "shmctl": 195,
+            "shmdt": 197,
+            "semget": 190,
+            "semop": 193,
+            "semctl": 191,
+            "semtimedop": 192,
+            "msgget": 186,
+            "msgsnd": 189,
+            "msgrcv": 188,
+            "msgctl": 187,
+            "mq_open": 180,
+            "mq_unlink": 181,
+            "mq_timedsend": 182,
+            "mq_timedreceive": 183,
+            "mq_notify": 184,
+            "mq_getsetattr": 185,
+            "memfd_create": 279,
+            "memfd_secret": 447,
+            "pidfd_open": 434,
+            "pidfd_send_signal": 424,
+            "pidfd_getfd": 438,
+            "kcmp": 272,
+            "process_madvise": 440,
+            "process_mrelease": 448,
+            "tkill": 130,
+            "ioprio_set": 30,
+            "kill": 129,
+            "tgkill": 131,
+            "rt_sigqueueinfo": 138,
+            "rt_tgsigqueueinfo": 240,
+            "prlimit64": 261,
+            "sched_setaffinity": 122,
+            "sched_setscheduler": 119,
+            "sched_setparam": 118,
+            "sched_setattr": 274,
+            "move_pages": 239,
+            "migrate_pages": 238,
+            "setpriority": 140,
             "clone": 220,
             "clone3": 435,
         },
@@ -207,10 +338,15 @@ class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter)))
 
 
+_PID = 0xFFFFFFFF  # placeholder, patched with the caller's pid when the filter is installed
+_ARG1_LOW = 24
+
+
 def _program(arch: str) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k) instructions for `arch`."""
+    """The filter as (code, jt, jf, k) instructions for `arch` (pids still as `_PID`)."""
     audit_arch, numbers = _TABLES[arch]
     eperm = _RET_ERRNO | errno.EPERM
+    allow = (_RET_K, 0, 0, _RET_ALLOW)
     prog = [
         (_LD_W_ABS, 0, 0, _ARCH),
         (_JEQ_K, 1, 0, audit_arch),
@@ -222,6 +358,25 @@ def _program(arch: str) -> list[tuple[int, int, int, int]]:
     denied = [numbers[name] for name in _DENIED if name in numbers]
     for number in denied:  # each: if nr == number return EPERM
         prog += [(_JEQ_K, 0, 1, number), (_RET_K, 0, 0, eperm)]
+    for name in _SELF_ONLY:  # if nr == number: allow when arg0 is 0 or our pid, else EPERM
+        prog += [
+            (_JEQ_K, 0, 5, numbers[name]),
+            (_LD_W_ABS, 0, 0, _ARG0_LOW),
+            (_JEQ_K, 2, 0, 0),
+            (_JEQ_K, 1, 0, _PID),
+            (_RET_K, 0, 0, eperm),
+            allow,
+        ]
+    prog += [  # setpriority(PRIO_PROCESS, 0 or our pid, ...) only: never a group or a user
+        (_JEQ_K, 0, 7, numbers["setpriority"]),
+        (_LD_W_ABS, 0, 0, _ARG0_LOW),
+        (_JEQ_K, 0, 3, 0),
+        (_LD_W_ABS, 0, 0, _ARG1_LOW),
+        (_JEQ_K, 2, 0, 0),
+        (_JEQ_K, 1, 0, _PID),
+        (_RET_K, 0, 0, eperm),
+        allow,
+    ]
     prog += [
         (_JEQ_K, 0, 1, numbers["clone3"]),
         (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS),
@@ -229,7 +384,7 @@ def _program(arch: str) -> list[tuple[int, int, int, int]]:
         (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone's flags (low 32 bits)
         (_JSET_K, 1, 0, _CLONE_THREAD),
         (_RET_K, 0, 0, eperm),
-        (_RET_K, 0, 0, _RET_ALLOW),
+        allow,
     ]
     return prog
 
@@ -256,7 +411,7 @@ def denied_calls() -> tuple[str, ...]:
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
-_prepared: tuple[ctypes.Array[_SockFilter], _SockFprog] | None = None
+_prepared: tuple[ctypes.Array[_SockFilter], _SockFprog, list[int]] | None = None
 
 
 def prepare() -> None:
@@ -264,7 +419,8 @@ def prepare() -> None:
     global _prepared
     prog = _program(platform.machine())
     array = (_SockFilter * len(prog))(*(_SockFilter(*ins) for ins in prog))
-    _prepared = (array, _SockFprog(len(prog), ctypes.cast(array, ctypes.POINTER(_SockFilter))))
+    program = _SockFprog(len(prog), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
+    _prepared = (array, program, [i for i, ins in enumerate(prog) if ins[3] == _PID])
 
 
 def install_filter() -> None:
@@ -272,6 +428,9 @@ def install_filter() -> None:
     if _prepared is None:
         prepare()
     assert _prepared is not None
+    pid = os.getpid()
+    for index in _prepared[2]:  # signals and scheduling may only aim at this process
+        _prepared[0][index].k = pid
     libc = _LIBC
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
@@ -283,4 +442,7 @@ def install_filter() -> None:
 
 def program_bytes() -> bytes:
     """The filter for this machine as the kernel reads it (for tests and inspection)."""
-    return b"".join(struct.pack("=HBBI", *ins) for ins in _program(platform.machine()))
+    program = [
+        (c, t, f, os.getpid() if k == _PID else k) for c, t, f, k in _program(platform.machine())
+    ]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in program)

@@ -16,6 +16,7 @@ _TO_PB = {
     ExecutionStatus.MEMORY_EXCEEDED: pb.STATUS_MEMORY_EXCEEDED,
     ExecutionStatus.OUTPUT_TRUNCATED: pb.STATUS_OUTPUT_TRUNCATED,
     ExecutionStatus.REJECTED: pb.STATUS_REJECTED,
+    ExecutionStatus.SANDBOX_ERROR: pb.STATUS_SANDBOX_ERROR,
 }
 _FROM_PB = {value: key for key, value in _TO_PB.items()}
 

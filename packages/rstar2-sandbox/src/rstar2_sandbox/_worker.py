@@ -1,59 +1,68 @@
-"""The warm worker: a long-lived process that pre-imports the maths stack and forks one child per call.
+"""The worker: one selector loop that runs many confined calls through its zygote.
 
-Contract. Started as `python -m rstar2_sandbox._worker` with a clean environment; frames (4-byte
-length, JSON) arrive on stdin and leave on stdout: first the worker answers `ready` with its
-confinements, then it takes `run`, `cancel` and `close_session` and answers each run with `done`.
-It is single-threaded (a selector loop), so forking it is safe. For each call it forks a child
-that confines itself (`_confine.confine_call`) and runs the code (`_child`); the wall clock starts
-at the fork. The worker reads stdout and stderr up to the cap while the child runs, kills the
-child's process group at the deadline, reaps it with wait4 (for CPU time), removes its directory
-and closes every descriptor; when stdin closes it kills what is left and exits. Sessions are
-children that live across calls (`_child.serve_session`), one cell at a time, closed when idle.
+Contract. Started as `python -I -m rstar2_sandbox._worker` with a clean environment; frames
+(4-byte length, JSON) arrive on stdin and leave on stdout: first the worker answers `ready` with
+its confinements, then it takes `run`, `cancel` and `close_session` and answers each run with
+`done`. At start it enters its namespaces (`_confine.enter_worker_namespaces`) and forks the
+zygote (`_zygote`), pid 1 of the new pid namespace, which pre-imports the maths stack and forks
+the calls. The worker never forks a call itself and the zygote never sees request data: for each
+call the worker puts the code and stdin in memfds, makes the output and result pipes, and passes
+the descriptors to the zygote; the zygote answers with a pidfd and later with the exit status.
+The wall clock starts when the call is handed over. The worker reads stdout and stderr up to the
+cap, kills the call at the deadline through its pidfd, renices calls that burn CPU, and treats
+every byte from a call as hostile: the result report is size-capped and validated
+(`_outcome.parse_report`), session frames too, and a failure while handling one call answers that
+call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live across
+cells, one cell at a time, stopped (SIGSTOP) between cells, with a cumulative CPU budget
+(RLIMIT_CPU); closing one never waits for it.
 
 Not covered: admission and queueing (the parent's `LocalSandbox` does that) and cgroups.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import gc
-import importlib
+import itertools
 import json
 import os
+import select
 import selectors
-import shutil
 import signal
+import socket
 import struct
 import sys
-import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2_sandbox import _child, _confine
-from rstar2_sandbox._outcome import Outcome, classify
+from rstar2_sandbox import _child, _confine, _zygote
+from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
 
 _CHUNK = 1 << 16
 _UID_SLOTS = 1000
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_LIBC_PRCTL_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 
 
 @dataclass
 class _Call:
     id: int
-    pid: int
-    pidfd: int
     started: float
     deadline: float
     cap: int
-    cwd: str
-    uid_slot: int
-    fds: dict[int, str]  # readable fd -> "stdout" | "stderr" | "result"
+    cpu_limit_s: float | None
+    slot: int
+    fds: dict[int, str] = field(default_factory=dict)  # readable fd -> stdout | stderr | result
     data: dict[str, bytearray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
+    pidfd: int = -1
+    pid: int = 0  # as the worker sees it (for /proc and renice)
     killed: str = ""
     demoted: bool = False
-    next_check: float = 0.0  # when to look at its CPU use again (see _maybe_demote)
+    next_check: float = 0.0
     queue_s: float = 0.0
     session: _Session | None = None
 
@@ -61,31 +70,49 @@ class _Call:
 @dataclass
 class _Session:
     name: str
-    pid: int
-    pidfd: int
+    tag: int
+    slot: int
     to_child: int
     from_child: int
-    cwd: str
-    uid_slot: int
     last_used: float
+    pidfd: int = -1
+    stopped: bool = False
     buffer: bytearray = field(default_factory=bytearray)
+    outgoing: bytearray = field(default_factory=bytearray)
     call: _Call | None = None
     waiting: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Worker:
-    """The selector loop of one warm worker."""
+def _outer_pid(pidfd: int) -> int:
+    with open(f"/proc/self/fdinfo/{pidfd}") as info:
+        for line in info:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    return 0
 
-    def __init__(self, config: dict[str, Any], index: int, confinements: _confine.Confinements):
+
+def _has_exited(pidfd: int) -> bool:
+    return pidfd >= 0 and bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _signal(pidfd: int, signum: int) -> None:
+    if pidfd >= 0:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pidfd, signum)
+
+
+class Worker:
+    """The selector loop of one worker."""
+
+    def __init__(self, config: dict[str, Any], zygote: socket.socket) -> None:
         self.config = config
-        self.index = index
-        self.confinements = confinements
-        self.base = tempfile.mkdtemp(prefix=f"rstar2-sandbox-{index}-")
-        os.chmod(self.base, 0o711)
+        self.zygote = zygote
         self.selector = selectors.DefaultSelector()
-        self.calls: dict[int, _Call] = {}  # by pid
+        self.tags = itertools.count(1)
+        self.calls: dict[int, _Call] = {}  # by tag
         self.sessions: dict[str, _Session] = {}
-        self.free_slots = list(range(_UID_SLOTS - 1, -1, -1))
+        self.session_tags: dict[int, _Session] = {}
+        self.free_slots = collections.deque(range(_UID_SLOTS))  # FIFO: a uid is reused late
         self.inbox = bytearray()
         self.running = True
 
@@ -94,118 +121,105 @@ class Worker:
         data = json.dumps(message).encode()
         _child.write_all(1, struct.pack("!I", len(data)) + data)
 
-    def _uid(self, slot: int) -> int | None:
-        if os.geteuid() != 0:
-            return None
-        return self.config["uid_base"] + self.index * _UID_SLOTS + slot
+    def _memfd(self, name: str, text: str) -> int:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        _child.write_all(fd, text.encode("utf-8", "surrogatepass"))
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
 
-    def _make_dir(self, slot: int) -> str:
-        cwd = tempfile.mkdtemp(prefix=f"call-{slot}-", dir=self.base)
-        uid = self._uid(slot)
-        if uid is not None:
-            os.chown(cwd, uid, uid)
-        return cwd
+    def _fork(self, tag: int, kind: str, slot: int, cpu_s: float | None, memory: int, fds) -> None:
+        message = {
+            "op": "fork",
+            "tag": tag,
+            "kind": kind,
+            "slot": slot,
+            "cpu_s": cpu_s,
+            "memory_bytes": memory,
+        }
+        try:
+            _zygote.send(self.zygote, message, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
-    def _limits(self, timeout_s: float | None, memory_bytes: int) -> _confine.CallLimits:
-        c = self.config
-        return _confine.CallLimits(
-            timeout_s, memory_bytes, c["file_size_bytes"], c["open_files"], c["processes"]
+    def _answer(self, call_id: int, status: str, message: str, started: float, **extra) -> None:
+        self.send(
+            {
+                "op": "done",
+                "id": call_id,
+                "status": status,
+                "stdout": "",
+                "stderr": "",
+                "traceback": "",
+                "result_repr": "",
+                "exit_code": -1,
+                "cpu_s": 0.0,
+                "wall_s": time.monotonic() - started,
+                "queue_s": 0.0,
+                "message": message,
+            }
+            | extra
         )
-
-    def _fork(self, slot: int, cwd: str, timeout_s: float | None, memory: int, fds, body) -> int:
-        """Fork a confined child whose fds 0..len(fds)-1 are `fds`, then run `body()`."""
-        seccomp = "seccomp" in self.confinements.active
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            try:
-                for target, source in enumerate(fds):
-                    os.dup2(source, target)
-                os.closerange(len(fds), 1 << 16)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _confine.confine_call(
-                    cwd, self._uid(slot), self._limits(timeout_s, memory), seccomp
-                )
-                body()
-            except BaseException as exc:
-                try:
-                    os.write(2, f"sandbox: child set-up failed: {exc!r}\n".encode())
-                finally:
-                    os._exit(70)
-            os._exit(0)
-        return pid
 
     # --- one-shot calls ---------------------------------------------------------------------
     def start_call(self, msg: dict[str, Any]) -> None:
-        slot = self.free_slots.pop()
-        cwd = self._make_dir(slot)
-        stdin = os.memfd_create("stdin")
-        _child.write_all(stdin, msg["stdin"].encode("utf-8", "surrogateescape"))
-        os.lseek(stdin, 0, os.SEEK_SET)
-        (out_r, out_w), (err_r, err_w), (res_r, res_w) = os.pipe(), os.pipe(), os.pipe()
-        code = msg["code"]
-        pid = self._fork(
-            slot,
-            cwd,
-            msg["timeout_s"],
-            msg["memory_bytes"],
-            [stdin, out_w, err_w, res_w],
-            lambda: _child.run_once(code, 3, cwd),
-        )
+        slot = self.free_slots.popleft()
+        tag = next(self.tags)
         started = time.monotonic()
-        for fd in (stdin, out_w, err_w, res_w):
-            os.close(fd)
         call = _Call(
             id=msg["id"],
-            pid=pid,
-            pidfd=os.pidfd_open(pid),
             started=started,
             deadline=started + msg["timeout_s"],
             cap=msg["max_output"],
-            cwd=cwd,
-            uid_slot=slot,
-            fds={out_r: "stdout", err_r: "stderr", res_r: "result"},
+            cpu_limit_s=float(max(1, int(msg["timeout_s"] + 0.999))),
+            slot=slot,
             queue_s=started - msg["received"],
             next_check=started + self.config["demote_after_s"],
         )
-        for fd, name in call.fds.items():
+        (out_r, out_w), (err_r, err_w), (res_r, res_w) = os.pipe(), os.pipe(), os.pipe()
+        stdin, code = self._memfd("stdin", msg["stdin"]), self._memfd("code", msg["code"])
+        for fd, name in ((out_r, "stdout"), (err_r, "stderr"), (res_r, "result")):
             os.set_blocking(fd, False)
+            call.fds[fd] = name
             call.data[name], call.sizes[name] = bytearray(), 0
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", call, name))
-        self.selector.register(call.pidfd, selectors.EVENT_READ, ("exit", call))
-        self.calls[pid] = call
+        self.calls[tag] = call
+        self._fork(
+            tag, "once", slot, call.cpu_limit_s, msg["memory_bytes"],
+            [stdin, out_w, err_w, res_w, code],
+        )  # fmt: skip
 
-    def _read_pipe(self, call: _Call, fd: int, name: str) -> bool:
-        """Read what is there; False at EOF (the descriptor is then closed)."""
+    def _read_pipe(self, call: _Call, fd: int, name: str) -> None:
+        """Read what is there, keeping at most the cap; closes the descriptor at EOF."""
         while True:
             try:
                 chunk = os.read(fd, _CHUNK)
             except BlockingIOError:
-                return True
+                return
             if not chunk:
                 self.selector.unregister(fd)
                 os.close(fd)
                 del call.fds[fd]
-                return False
+                return
             call.sizes[name] += len(chunk)
-            cap = call.cap + 1 if name != "result" else 1 << 22
+            cap = call.cap + 1 if name != "result" else REPORT_CAP + 1
             room = cap - len(call.data[name])
             if room > 0:
                 call.data[name] += chunk[:room]
 
-    def finish_call(self, call: _Call) -> None:
-        self.selector.unregister(call.pidfd)
-        _, status, usage = os.wait4(call.pid, 0)
-        os.close(call.pidfd)
+    def finish_call(self, tag: int, status: int, cpu_s: float) -> None:
+        call = self.calls.pop(tag)
         wall = time.monotonic() - call.started
         for fd, name in list(call.fds.items()):
-            self._read_pipe(call, fd, name)
+            with contextlib.suppress(OSError):
+                self._read_pipe(call, fd, name)
             if fd in call.fds:  # a leftover holder of the pipe; stop here
                 self.selector.unregister(fd)
                 os.close(fd)
-        try:
-            report = json.loads(call.data["result"]) if call.data["result"] else None
-        except ValueError:
-            report = None
+        if call.pidfd >= 0:
+            os.close(call.pidfd)
+        self.free_slots.append(call.slot)
+        report, problem = parse_report(bytes(call.data["result"]))
         outcome = Outcome(
             report=report,
             wait_status=status,
@@ -215,60 +229,85 @@ class Worker:
             stderr=bytes(call.data["stderr"]),
             stdout_size=call.sizes["stdout"],
             stderr_size=call.sizes["stderr"],
+            cpu_s=cpu_s,
+            cpu_limit_s=call.cpu_limit_s,
+            report_problem=problem,
         )
-        self._release(call.cwd, call.uid_slot)
-        del self.calls[call.pid]
-        self.send(
-            classify(outcome)
-            | {
-                "op": "done",
-                "id": call.id,
-                "wall_s": wall,
-                "queue_s": call.queue_s,
-                "cpu_s": usage.ru_utime + usage.ru_stime,
-            }
-        )
+        extra = {"op": "done", "id": call.id, "wall_s": wall, "queue_s": call.queue_s}
+        self.send(classify(outcome) | extra | {"cpu_s": cpu_s})
 
-    def _release(self, cwd: str, slot: int) -> None:
-        shutil.rmtree(cwd, ignore_errors=True)
-        self.free_slots.append(slot)
+    def _fail_call(self, tag: int, why: str) -> None:
+        """Answer a call that the sandbox could not handle, and forget it."""
+        call = self.calls.pop(tag, None)
+        if call is None:
+            return
+        _signal(call.pidfd, signal.SIGKILL)
+        for fd in list(call.fds):
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.selector.unregister(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if call.pidfd >= 0:
+            os.close(call.pidfd)
+        self.free_slots.append(call.slot)
+        self._answer(call.id, "sandbox_error", f"sandbox: {why}", call.started)
 
-    def kill(self, pid: int, reason: str, call: _Call | None) -> None:
-        if call is not None and not call.killed:
+    def kill(self, call: _Call, reason: str) -> None:
+        if not call.killed:
             call.killed = reason
-        for target in (
-            lambda: os.killpg(pid, signal.SIGKILL),
-            lambda: os.kill(pid, signal.SIGKILL),
-        ):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                target()
+        _signal(call.pidfd, signal.SIGKILL)
+
+    # --- the zygote's messages -----------------------------------------------------------------
+    def _from_zygote(self) -> None:
+        received = _zygote.receive(self.zygote)
+        if received is None:
+            raise RuntimeError("the zygote exited")
+        message, fds = received
+        tag = message.get("tag")
+        if message["op"] == "started":
+            pidfd = fds[0]
+            if tag in self.calls:
+                call = self.calls[tag]
+                call.pidfd, call.pid = pidfd, _outer_pid(pidfd)
+                if call.killed:
+                    _signal(pidfd, signal.SIGKILL)
+            elif tag in self.session_tags:
+                session = self.session_tags[tag]
+                session.pidfd = pidfd
+            else:  # closed or cancelled before it started
+                _signal(pidfd, signal.SIGKILL)
+                os.close(pidfd)
+        elif message["op"] == "exited":
+            if tag in self.calls:
+                self.finish_call(tag, message["status"], message["cpu_s"])
+            elif tag in self.session_tags:
+                self._session_exited(self.session_tags[tag], message)
+        elif message["op"] == "failed":
+            if tag in self.calls:
+                self._fail_call(tag, f"could not start the call: {message['error']}")
+            elif tag in self.session_tags:
+                self.close_session(self.session_tags[tag], "could not be started", "sandbox_error")
 
     # --- sessions -------------------------------------------------------------------------
-    def _open_session(self, name: str) -> _Session:
-        slot = self.free_slots.pop()
-        cwd = self._make_dir(slot)
+    def _open_session(self, name: str, memory: int) -> _Session:
+        slot = self.free_slots.popleft()
         (in_r, in_w), (out_r, out_w) = os.pipe(), os.pipe()
-        null = os.open(os.devnull, os.O_RDWR)
-        pid = self._fork(
-            slot,
-            cwd,
-            None,
-            self.config["memory_bytes"],
-            [null, null, null, in_r, out_w],
-            lambda: _child.serve_session(3, 4, cwd),
-        )
-        for fd in (in_r, out_w, null):
-            os.close(fd)
+        os.set_blocking(in_w, False)
         os.set_blocking(out_r, False)
-        session = _Session(name, pid, os.pidfd_open(pid), in_w, out_r, cwd, slot, time.monotonic())
+        session = _Session(name, next(self.tags), slot, in_w, out_r, time.monotonic())
         self.selector.register(out_r, selectors.EVENT_READ, ("session", session))
-        self.selector.register(session.pidfd, selectors.EVENT_READ, ("session_exit", session))
         self.sessions[name] = session
+        self.session_tags[session.tag] = session
+        self._fork(
+            session.tag, "session", slot, self.config["session_cpu_s"], memory, [in_r, out_w]
+        )
         self.send({"op": "session_opened", "session": name})
         return session
 
     def session_call(self, msg: dict[str, Any]) -> None:
-        session = self.sessions.get(msg["session"]) or self._open_session(msg["session"])
+        session = self.sessions.get(msg["session"]) or self._open_session(
+            msg["session"], msg["memory_bytes"]
+        )
         if session.call is not None:
             session.waiting.append(msg)
             return
@@ -277,34 +316,60 @@ class Worker:
         started = time.monotonic()
         session.call = _Call(
             id=msg["id"],
-            pid=session.pid,
-            pidfd=-1,
             started=started,
             deadline=started + msg["timeout_s"],
             cap=msg["max_output"],
-            cwd=session.cwd,
-            uid_slot=session.uid_slot,
-            fds={},
+            cpu_limit_s=None,
+            slot=session.slot,
             queue_s=started - msg["received"],
             session=session,
         )
-        with contextlib.suppress(OSError):  # if it died, its exit event reports it
-            _child.write_all(session.to_child, struct.pack("!I", len(data)) + data)
+        if session.stopped:
+            _signal(session.pidfd, signal.SIGCONT)
+            session.stopped = False
+        session.outgoing += struct.pack("!I", len(data)) + data
+        self._flush_session(session)
+
+    def _flush_session(self, session: _Session) -> None:
+        """Write what the session can take now; the rest when its pipe is writable."""
+        try:
+            while session.outgoing:
+                written = os.write(session.to_child, session.outgoing[:_CHUNK])
+                del session.outgoing[:written]
+        except BlockingIOError:
+            pass
+        except OSError:  # it died: its exit reports it
+            session.outgoing.clear()
+        key = self.selector.get_map().get(session.to_child)
+        if session.outgoing and key is None:
+            self.selector.register(session.to_child, selectors.EVENT_WRITE, ("feed", session))
+        elif not session.outgoing and key is not None:
+            self.selector.unregister(session.to_child)
 
     def _session_output(self, session: _Session) -> None:
+        limit = 6 * (2 * (session.call.cap if session.call else 0) + (1 << 17)) + 4096
         while True:
             try:
                 chunk = os.read(session.from_child, _CHUNK)
             except BlockingIOError:
                 break
             if not chunk:
+                self.selector.unregister(session.from_child)
                 return
             session.buffer += chunk
+            if len(session.buffer) > limit + 4:
+                break
         while len(session.buffer) >= 4:
             (size,) = struct.unpack("!I", session.buffer[:4])
-            if len(session.buffer) < 4 + size or session.call is None:
+            if size > limit or session.call is None:
+                self.close_session(session, "sent a malformed report", "sandbox_error")
                 return
-            report = json.loads(session.buffer[4 : 4 + size])
+            if len(session.buffer) < 4 + size:
+                return
+            report, problem = parse_report(bytes(session.buffer[4 : 4 + size]), session=True)
+            if report is None:
+                self.close_session(session, f"sent a refused report ({problem})", "sandbox_error")
+                return
             del session.buffer[: 4 + size]
             call, session.call = session.call, None
             session.last_used = time.monotonic()
@@ -320,48 +385,52 @@ class Worker:
             )
             if session.waiting:
                 self.session_call(session.waiting.pop(0))
+            else:  # frozen between cells: a thread it left running burns nothing
+                _signal(session.pidfd, signal.SIGSTOP)
+                session.stopped = True
 
-    def close_session(self, session: _Session, why: str) -> None:
-        self.kill(session.pid, why, session.call)
-        self.selector.unregister(session.from_child)
-        os.close(session.from_child)
-        os.close(session.to_child)
-        self.selector.unregister(session.pidfd)
-        os.waitpid(session.pid, 0)
-        os.close(session.pidfd)
-        self._release(session.cwd, session.uid_slot)
+    def _session_exited(self, session: _Session, message: dict[str, Any]) -> None:
+        status, cpu = message["status"], message["cpu_s"]
+        budget = self.config["session_cpu_s"]
+        signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        # SIGXCPU comes from the kernel at the soft limit; SIGKILL at the hard one.
+        if signum == signal.SIGXCPU or (signum == signal.SIGKILL and cpu >= 0.9 * budget):
+            self.close_session(session, f"used up its CPU budget of {budget:g} s", "timeout")
+        else:
+            self.close_session(session, "crashed", "error")
+
+    def close_session(self, session: _Session, why: str, status: str = "error") -> None:
+        """Kill and forget a session now; the zygote reaps it (nothing here waits)."""
+        if self.sessions.get(session.name) is not session:
+            return
+        _signal(session.pidfd, signal.SIGKILL)
+        for fd in (session.from_child, session.to_child):
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(fd)
+            os.close(fd)
+        if session.pidfd >= 0:
+            os.close(session.pidfd)
+        self.free_slots.append(session.slot)
         del self.sessions[session.name]
+        del self.session_tags[session.tag]
         self.send({"op": "session_closed", "session": session.name})  # before the answers
-        status = "timeout" if why == "timed out" else "error"
-        message = f"session {session.name!r} {why}; it was reset and its state is gone"
+        message = f"session {session.name.rsplit(chr(0), 1)[-1]!r} {why}; it was reset and its state is gone"
         stuck = [(session.call.id, session.call.started)] if session.call else []
         for call_id, started in stuck + [(m["id"], time.monotonic()) for m in session.waiting]:
-            self.send(
-                {
-                    "op": "done",
-                    "id": call_id,
-                    "status": status,
-                    "stdout": "",
-                    "stderr": "",
-                    "traceback": "",
-                    "result_repr": "",
-                    "exit_code": -9,
-                    "cpu_s": 0.0,
-                    "wall_s": time.monotonic() - started,
-                    "queue_s": 0.0,
-                    "message": message,
-                }
-            )
+            self._answer(call_id, status, message, started, exit_code=-9)
 
     # --- the loop ---------------------------------------------------------------------------
     def handle(self, msg: dict[str, Any]) -> None:
         msg["received"] = time.monotonic()
         if msg["op"] == "run":
-            (self.session_call if msg.get("session") else self.start_call)(msg)
+            try:
+                (self.session_call if msg.get("session") else self.start_call)(msg)
+            except OSError as exc:  # out of descriptors or memory: this call fails, not the worker
+                self._answer(msg["id"], "sandbox_error", f"sandbox: {exc}", msg["received"])
         elif msg["op"] == "cancel":
             for call in self.calls.values():
                 if call.id == msg["id"]:
-                    self.kill(call.pid, "cancelled", call)
+                    self.kill(call, "cancelled")
             for session in list(self.sessions.values()):
                 if session.call is not None and session.call.id == msg["id"]:
                     self.close_session(session, "was cancelled")
@@ -381,14 +450,6 @@ class Worker:
             message = json.loads(self.inbox[4 : 4 + size])
             del self.inbox[: 4 + size]
             self.handle(message)
-
-    def _exited(self, call: _Call) -> bool:
-        """True if the child already exited and only waits to be reaped: the worker was late
-        (busy or descheduled), not the call, so it must not be reported as a timeout."""
-        try:
-            return os.waitid(os.P_PID, call.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True
 
     def _maybe_demote(self, call: _Call, now: float) -> None:
         """Renice a call that has been burning CPU for a while, so fresh short calls go first.
@@ -414,82 +475,123 @@ class Worker:
         now = time.monotonic()
         wake = now + 1.0
         for call in list(self.calls.values()):
-            if now >= call.deadline and not call.killed and not self._exited(call):
-                self.kill(call.pid, "timeout", call)
-            elif not call.demoted and now >= call.next_check:
+            # A call that already exited and waits to be reaped is not a timeout: the worker
+            # was late (busy or descheduled), not the call.
+            if now >= call.deadline and not call.killed and not _has_exited(call.pidfd):
+                self.kill(call, "timeout")
+            elif not call.demoted and call.pid and now >= call.next_check:
                 self._maybe_demote(call, now)
             if not call.killed:
                 wake = min(wake, call.deadline, call.next_check if not call.demoted else wake)
         for session in list(self.sessions.values()):
             if session.call is not None:
                 if now >= session.call.deadline:
-                    self.close_session(session, "timed out")
+                    self.close_session(session, "timed out", "timeout")
                 else:
                     wake = min(wake, session.call.deadline)
             elif now - session.last_used > self.config["session_idle_s"]:
                 self.close_session(session, "expired after being idle")
         return max(0.0, wake - time.monotonic())
 
+    def _dispatch(self, kind: str, data: tuple[Any, ...], fd: int) -> None:
+        if kind == "inbox":
+            self._read_inbox()
+        elif kind == "zygote":
+            self._from_zygote()
+        elif kind == "pipe":
+            self._read_pipe(data[1], fd, data[2])
+        elif kind == "session" and data[1].name in self.sessions:
+            self._session_output(data[1])
+        elif kind == "feed" and data[1].name in self.sessions:
+            self._flush_session(data[1])
+
+    def _fail(self, data: tuple[Any, ...], exc: BaseException) -> None:
+        """A failure while handling one call or session: that one answers, the worker goes on."""
+        why = f"internal error: {exc!r}"
+        print(f"sandbox worker: {why}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        if data[0] == "pipe":
+            for tag, call in list(self.calls.items()):
+                if call is data[1]:
+                    self._fail_call(tag, why)
+        elif data[0] in ("session", "feed") and data[1].name in self.sessions:
+            self.close_session(data[1], f"hit a sandbox {why}", "sandbox_error")
+        else:
+            raise exc
+
     def serve(self) -> None:
         self.selector.register(0, selectors.EVENT_READ, ("inbox",))
+        self.selector.register(self.zygote, selectors.EVENT_READ, ("zygote",))
         while self.running:
             for key, _ in self.selector.select(self._tick()):
-                kind = key.data[0]
-                if kind == "inbox":
-                    self._read_inbox()
-                elif kind == "pipe":
-                    self._read_pipe(key.data[1], key.fd, key.data[2])
-                elif kind == "exit":
-                    self.finish_call(key.data[1])
-                elif kind == "session" and key.data[1].name in self.sessions:
-                    self._session_output(key.data[1])
-                elif kind == "session_exit" and key.data[1].name in self.sessions:
-                    self.close_session(key.data[1], "crashed")
+                try:
+                    self._dispatch(key.data[0], key.data, key.fd)
+                except Exception as exc:
+                    self._fail(key.data, exc)
         for call in list(self.calls.values()):
-            self.kill(call.pid, "shutdown", call)
-            self.finish_call(call)
+            self.kill(call, "shutdown")
         for session in list(self.sessions.values()):
             self.close_session(session, "was closed by shutdown")
-        shutil.rmtree(self.base, ignore_errors=True)
+        deadline = time.monotonic() + 5
+        while self.calls and time.monotonic() < deadline:  # answer the killed calls
+            if self.selector.select(0.1):
+                received = _zygote.receive(self.zygote)
+                if received is None:
+                    break
+                message, fds = received
+                for fd in fds:
+                    os.close(fd)
+                if message["op"] == "exited" and message["tag"] in self.calls:
+                    self.finish_call(message["tag"], message["status"], message["cpu_s"])
+
+
+def _cgroup_reason() -> str:
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return "no cgroup v2 here (v1 or hybrid hierarchy); memory is bounded by RLIMIT_AS"
+    return "cgroup v2 limits are not used yet; memory is bounded by RLIMIT_AS"
 
 
 def main() -> None:
-    """Entry point: read the config frame, confine, pre-import, announce, serve."""
+    """Entry point: read the config frame, enter the namespaces, start the zygote, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     frame = _child.read_frame(0)
     if frame is None:
         return
     setup = json.loads(frame)
     config, index = setup["config"], setup["index"]
-    confinements = _confine.confine_worker(config["tmpfs_bytes"], config["seccomp"])
-    loaded, failed = [], {}
-    refused = config["require_isolation"] and confinements.missing()
-    for module in [] if refused else config["preload"]:  # a refused pool need not warm up
+    conf = _confine.Confinements()
+    _confine.enter_worker_namespaces(conf)
+    _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # after writing our uid map
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:  # the zygote
         try:
-            importlib.import_module(module)
-            loaded.append(module)
-        except Exception as exc:  # a missing optional module is reported, not fatal
-            failed[module] = repr(exc)
-    if config["warmup_code"] and not failed and not refused:
-        try:
-            exec(compile(config["warmup_code"], "<warmup>", "exec"), {})
-        except Exception as exc:
-            failed["<warmup>"] = repr(exc)
-    gc.collect()
-    gc.freeze()  # forked calls then leave the inherited objects' pages unwritten by the collector
-    worker = Worker(config, index, confinements)
-    worker.send(
-        {
-            "op": "ready",
-            "pid": os.getpid(),
-            "base": worker.base,
-            "active": confinements.active,
-            "unavailable": confinements.unavailable,
-            "preloaded": loaded,
-            "preload_failed": failed,
-        }
-    )
-    worker.serve()
+            ours.close()
+            _confine._LIBC.prctl(_LIBC_PRCTL_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            # Not dumpable: a call of the same uid cannot read or write the zygote's memory.
+            _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.close(null)
+            _zygote.main(theirs, config, index, conf)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(70)
+        os._exit(0)
+    theirs.close()
+    received = _zygote.receive(ours)
+    if received is None:
+        sys.exit(1)
+    ready = received[0]
+    ready["unavailable"]["cgroup"] = _cgroup_reason()
+    worker = Worker(config, ours)
+    worker.send(ready | {"pid": os.getpid(), "zygote": pid})
+    try:
+        worker.serve()
+    finally:
+        ours.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
     sys.exit(0)
 
 

@@ -2,7 +2,9 @@
 
 Contract. `serve` runs the gRPC server until SIGTERM or SIGINT, then shuts down gracefully; it
 prints `listening on HOST:PORT` once ready (port 0 picks a free port) and one line per refusal.
-`info` prints what a server reports about itself. `bench` runs the load generator, prints one
+`serve` refuses to start (exit 2, one line) unless every confinement is active;
+`--allow-weak-isolation` starts anyway and says so on every Info. `info` prints what a server
+reports about itself. `bench` runs the load generator, prints one
 table and writes JSON. A user mistake (bad flag value, isolation required but missing, unreadable
 file, unreachable server) is one line on stderr and exit code 2, never a traceback.
 """
@@ -28,6 +30,18 @@ class UsageError(Exception):
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
     token = _token(args.token_file)
+    if args.sandbox_config:
+        try:
+            base = SandboxConfig.model_validate_json(Path(args.sandbox_config).read_text())
+        except OSError as exc:
+            raise UsageError(f"cannot read --sandbox-config: {exc.strerror}") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise UsageError(f"invalid --sandbox-config {where}: {first['msg']}") from exc
+        if args.allow_weak_isolation:
+            base = base.model_copy(update={"require_isolation": False})
+        return _server(args, token, base)
     sandbox = {
         "workers": args.workers,
         "max_in_flight": args.max_in_flight,
@@ -35,19 +49,12 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
         "default_timeout_s": args.timeout,
         "memory_bytes": args.memory_mb << 20,
         "max_output_bytes": args.max_output_bytes,
-        "require_isolation": args.require_isolation,
+        "require_isolation": not args.allow_weak_isolation,
+        "session_cpu_s": args.session_cpu_s,
         "seccomp": not args.no_seccomp,
     }
     try:
-        return ServerConfig(
-            host=args.host,
-            port=args.port,
-            token=token,
-            tls_cert_file=args.tls_cert,
-            tls_key_file=args.tls_key,
-            insecure=args.insecure,
-            sandbox=SandboxConfig(**sandbox),
-        )
+        return _server(args, token, SandboxConfig(**sandbox))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -61,6 +68,18 @@ def _token(path: str | None) -> str | None:
         return read_token_file(path) if path else None
     except TokenFileError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _server(args: argparse.Namespace, token: str | None, sandbox: SandboxConfig) -> ServerConfig:
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=token,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        insecure=args.insecure,
+        sandbox=sandbox,
+    )
 
 
 async def _serve(config: ServerConfig) -> None:
@@ -79,6 +98,8 @@ async def _serve(config: ServerConfig) -> None:
     print(f"confinements: {', '.join(active)}", file=sys.stderr, flush=True)
     for name, why in unavailable.items():
         print(f"confinement {name} unavailable: {why}", file=sys.stderr, flush=True)
+    if warning := server.sandbox.isolation_warning():
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -149,9 +170,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--memory-mb", type=_positive_int, default=1024)
     serve.add_argument("--max-output-bytes", type=_positive_int, default=16384)
     serve.add_argument(
-        "--require-isolation", action="store_true", help="refuse to start without every confinement"
+        "--require-isolation",
+        action="store_true",
+        help="refuse to start without every confinement (the default; kept for old scripts)",
+    )
+    serve.add_argument(
+        "--allow-weak-isolation",
+        action="store_true",
+        help="start even when a confinement is missing (every Info then carries a warning)",
+    )
+    serve.add_argument(
+        "--session-cpu-s", type=_positive_float, default=120.0, help="CPU budget of a session"
     )
     serve.add_argument("--no-seccomp", action="store_true", help="let calls start processes")
+    serve.add_argument(
+        "--sandbox-config",
+        help="JSON file of a whole SandboxConfig (then the limit flags above are ignored)",
+    )
     serve.add_argument(
         "--token-file", help="file (mode 0600) with the run's token; calls must send it"
     )

@@ -6,8 +6,9 @@ this client. A server that answers UNAVAILABLE (down, restarting, unreachable) i
 a server ran nowhere, and one that died with its server left nothing behind. RESOURCE_EXHAUSTED
 also moves the call to another server. A session always goes to the same server (rendezvous
 hashing over the configured addresses) and is never retried elsewhere, since its state lives
-there. Errors are results: INVALID_ARGUMENT and a refusal by every server come back as REJECTED,
-with the server's message. Not covered: discovering servers (pass the addresses).
+there. Errors are results: INVALID_ARGUMENT comes back as REJECTED (the request was bad); a
+refusal or failure of every server (full, down, deadline) as SANDBOX_ERROR, which a trainer does
+not count as the model's tool error, with the servers' messages. Not covered: discovering servers (pass the addresses).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ServerInfo(BaseModel):
     queued: int
     sessions: int
     limits: dict[str, float] = Field(default_factory=dict)
+    warning: str = Field(default="", description="Set when the server runs with weak isolation.")
 
 
 class _Server:
@@ -73,7 +75,12 @@ class SandboxClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retry_after_s = retry_after_s
         self._margin = deadline_margin_s
-        options = [("grpc.max_receive_message_length", 64 << 20)]
+        # A connection of its own (no subchannel shared with other clients in this process):
+        # servers scope sessions to the caller's token or connection.
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
         self._servers = []
         for address in addresses:
             if root_certificates is not None:
@@ -112,6 +119,7 @@ class SandboxClient:
         else:
             candidates = self._order()
         errors: list[str] = []
+        code = grpc.StatusCode.UNAVAILABLE
         for server in candidates:
             try:
                 return _wire.result_from_pb(await self._call(server, message, request.timeout_s))
@@ -122,7 +130,11 @@ class SandboxClient:
                     server.down_until = time.monotonic() + self._retry_after_s
                 if code not in _MOVE_ON:
                     break
-        status = ExecutionStatus.REJECTED
+        # Only a request the servers judged bad is the caller's fault; refusals and failures
+        # of the servers themselves are the sandbox's.
+        status = ExecutionStatus.SANDBOX_ERROR
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            status = ExecutionStatus.REJECTED
         return ExecutionResult(
             status=status, request_id=request.request_id, message="; ".join(errors)
         )
@@ -162,6 +174,7 @@ class SandboxClient:
                     queued=reply.queued,
                     sessions=reply.sessions,
                     limits={f.name: v for f, v in limits.ListFields()},
+                    warning=reply.warning,
                 )
             )
         return infos

@@ -1,10 +1,16 @@
 """Configuration of the sandbox: the executor's limits and the server's shape.
 
 One root model, `SandboxConfig`; defaults, bounds and a line of documentation per field live here
-and only here. `ServerConfig` adds what only the gRPC server needs.
+and only here. `ServerConfig` adds what only the gRPC server needs. `SandboxBackendConfig` says
+where calls run (a discriminated union on `kind`): `local` (a pool in this process), `child` (a
+`rstar2-sandbox serve` child on loopback that dies with this process), `remote` (servers at
+addresses) or `fusion` (a SandboxFusion endpoint); `open_sandbox` in `backends` opens any of them.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,10 +56,14 @@ class SandboxConfig(BaseModel):
         default=60.0, gt=0, description="Largest timeout a caller may ask."
     )
     memory_bytes: int = Field(
-        default=1 << 30, gt=0, description="Address space one call may add (RLIMIT_AS headroom)."
+        default=1 << 30,
+        gt=0,
+        description="Address space one call may add (RLIMIT_AS headroom); callers may ask less.",
     )
     max_output_bytes: int = Field(
-        default=16 * 1024, gt=0, description="Cap on each of stdout and stderr."
+        default=16 * 1024,
+        gt=0,
+        description="Cap on each of stdout and stderr; callers may ask less.",
     )
     max_code_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted source.")
     max_stdin_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted stdin.")
@@ -75,7 +85,10 @@ class SandboxConfig(BaseModel):
         default=64, gt=0, description="RLIMIT_NPROC of the call's uid (when not root)."
     )
     tmpfs_bytes: int = Field(
-        default=512 << 20, gt=0, description="Size of the private /tmp each worker mounts."
+        default=64 << 20, gt=0, description="Size of each call's private /tmp (its cwd)."
+    )
+    session_cpu_s: float = Field(
+        default=120.0, gt=0, description="CPU seconds a session may use over all its cells."
     )
     demote_after_s: float = Field(
         default=0.25, ge=0, description="A call running longer is reniced so short ones go first."
@@ -90,7 +103,9 @@ class SandboxConfig(BaseModel):
         description="Install the seccomp filter (off: calls may start processes; still no network).",
     )
     require_isolation: bool = Field(
-        default=False, description="Refuse to start unless every confinement is active."
+        default=True,
+        description="Refuse to start unless every confinement is active (False: weak isolation, "
+        "with a warning in every Info).",
     )
     preload: tuple[str, ...] = Field(
         default=DEFAULT_PRELOAD, description="Modules each warm worker imports before forking."
@@ -135,3 +150,66 @@ class ServerConfig(BaseModel):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         return self
+
+
+class LocalSandboxConfig(BaseModel):
+    """Calls run in a warm pool inside this process (`LocalSandbox`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["local"] = "local"
+    workers: int = Field(default=2, gt=0, description="Warm worker processes.")
+    max_in_flight: int = Field(default=32, gt=0, description="Calls running at once.")
+    allow_weak_isolation: bool = Field(
+        default=False, description="Start even when a confinement is missing (with a warning)."
+    )
+
+
+class ChildSandboxConfig(BaseModel):
+    """Calls run in a `rstar2-sandbox serve` child on 127.0.0.1 that dies with this process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["child"] = "child"
+    workers: int = Field(default=2, gt=0, description="Warm worker processes of the child.")
+    max_in_flight: int = Field(default=32, gt=0, description="Calls running at once.")
+    allow_weak_isolation: bool = Field(
+        default=False, description="Start even when a confinement is missing (with a warning)."
+    )
+    ready_timeout_s: float = Field(
+        default=180.0, gt=0, description="How long the child may take to start serving."
+    )
+
+
+class RemoteSandboxConfig(BaseModel):
+    """Calls go to running `rstar2-sandbox serve` servers (`SandboxClient`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["remote"] = "remote"
+    addresses: list[str] = Field(min_length=1, description="host:port of each server.")
+    token_file: Path | None = Field(
+        default=None, description="File holding the servers' token (never put it in argv)."
+    )
+    tls_ca_file: Path | None = Field(
+        default=None, description="PEM root certificates: connect with TLS, verified by these."
+    )
+    retry_after_s: float = Field(
+        default=1.0, gt=0, description="A server that failed is set aside this long."
+    )
+
+
+class FusionSandboxConfig(BaseModel):
+    """Calls go to a SandboxFusion-compatible HTTP endpoint (`FusionSandbox`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["fusion"] = "fusion"
+    url: str = Field(description="Base URL; calls POST to {url}/run_code.")
+    max_concurrency: int = Field(default=32, gt=0, description="Requests in flight at most.")
+
+
+SandboxBackendConfig = Annotated[
+    LocalSandboxConfig | ChildSandboxConfig | RemoteSandboxConfig | FusionSandboxConfig,
+    Field(discriminator="kind"),
+]

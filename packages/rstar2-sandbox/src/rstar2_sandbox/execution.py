@@ -23,7 +23,8 @@ class ExecutionStatus(StrEnum):
     TIMEOUT = "timeout"  # wall or CPU limit reached; the process group was killed
     MEMORY_EXCEEDED = "memory_exceeded"  # address-space limit reached
     OUTPUT_TRUNCATED = "output_truncated"  # ran, but stdout or stderr went over the cap
-    REJECTED = "rejected"  # never ran: a bad request, or the server refused it
+    REJECTED = "rejected"  # never ran: a bad request (or a cancelled call)
+    SANDBOX_ERROR = "sandbox_error"  # the sandbox failed (worker lost, full, unreachable): retry
 
 
 class ExecutionRequest(BaseModel):
@@ -63,8 +64,19 @@ class ExecutionResult(BaseModel):
 
     @property
     def failed(self) -> bool:
-        """True for the outcomes a tool-error ratio counts: error, timeout, memory, rejected."""
-        return self.status not in (ExecutionStatus.OK, ExecutionStatus.OUTPUT_TRUNCATED)
+        """True for the outcomes a tool-error ratio counts: error, timeout, memory, rejected.
+
+        A `sandbox_error` is not the code's failure and is not counted (see `sandbox_fault`)."""
+        return self.status not in (
+            ExecutionStatus.OK,
+            ExecutionStatus.OUTPUT_TRUNCATED,
+            ExecutionStatus.SANDBOX_ERROR,
+        )
+
+    @property
+    def sandbox_fault(self) -> bool:
+        """True when the sandbox, not the code, failed: the call may be retried elsewhere."""
+        return self.status == ExecutionStatus.SANDBOX_ERROR
 
 
 @runtime_checkable

@@ -6,9 +6,14 @@ Protocol. It validates each request, admits at most `max_in_flight` calls at onc
 in a queue of `max_queue`; beyond it a call is refused), sends each call to the least busy worker
 (a session always to the worker that holds it) and resolves the caller when the worker answers.
 The timeout clock starts when the child is forked, never in the queue; `queue_s` reports the wait.
-A worker that dies is restarted and its calls are answered with an error. A cancelled caller
-kills its child. `run` raises `RequestError` / `SandboxBusyError` for the server to map to gRPC
-codes; `execute` turns them into REJECTED results, as the Protocol asks.
+The limits are the server's: a call may ask for less memory, output or time than the configured
+maxima, never more (`RequestError`). Sessions belong to an owner (the server passes the caller's
+token or connection): the same id from another owner is another session. A worker that dies is
+restarted and its calls are answered with `sandbox_error` (the sandbox's failure, not the
+code's). A cancelled caller kills its child. `run` raises `RequestError` / `SandboxBusyError` for
+the server to map to gRPC codes; `execute` turns a bad request into REJECTED and a full sandbox
+into SANDBOX_ERROR, as the Protocol asks. With `require_isolation` (the default) the pool refuses
+to start unless every confinement is active.
 
 Not covered: the network (see `server` and `client`).
 """
@@ -93,20 +98,27 @@ class LocalSandbox:
                 await asyncio.gather(*(self._spawn(i) for i in range(self.config.workers)))
             )
             self._started = True
-            missing = self.confinements()[1]
-            if self.config.require_isolation and missing:
+            warning = self.isolation_warning()
+            if warning and self.config.require_isolation:
                 await self.close()
-                reasons = "; ".join(f"{name}: {why}" for name, why in missing.items())
-                raise RuntimeError(f"isolation required but not available ({reasons})")
+                reasons = warning.split("missing ", 1)[1]
+                raise RuntimeError(
+                    f"isolation required but incomplete ({reasons}); "
+                    "--allow-weak-isolation starts anyway"
+                )
+            if warning:
+                logger.warning("%s", warning)
 
     async def _spawn(self, index: int) -> _WorkerHandle:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
+            "-I",  # no PYTHON* variables, no user site, no working directory on sys.path
             "-m",
             "rstar2_sandbox._worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=_WORKER_ENV,
+            cwd="/",
             limit=1 << 26,
         )
         handle = _WorkerHandle(index, process)
@@ -146,7 +158,7 @@ class LocalSandbox:
         code = await handle.process.wait()
         for future in handle.pending.values():
             if not future.done():
-                future.set_result(_lost(f"sandbox worker {handle.index} exited ({code})"))
+                future.set_result(_lost(f"sandbox: worker {handle.index} exited ({code})"))
         handle.pending.clear()
         for name in [n for n, h in self._sessions.items() if h is handle]:
             del self._sessions[name]
@@ -195,9 +207,18 @@ class LocalSandbox:
                 unavailable[name] = "not enabled"
         return list(ready["active"]), unavailable
 
+    def isolation_warning(self) -> str:
+        """Empty when every required confinement is active, else a warning naming the gaps."""
+        active, unavailable = self.confinements()
+        missing = [name for name in _confine.REQUIRED if name not in active]
+        if not self._workers or not missing:
+            return ""
+        reasons = "; ".join(f"{name}: {unavailable.get(name, 'not enabled')}" for name in missing)
+        return f"WEAK ISOLATION (started with allow_weak_isolation): missing {reasons}"
+
     def worker_processes(self) -> list[tuple[int, str]]:
-        """(pid, root of the call directories) of each live worker, for monitoring and tests."""
-        return [(h.ready["pid"], h.ready["base"]) for h in self._workers]
+        """(pid, pid of its zygote) of each live worker, for monitoring and tests."""
+        return [(h.ready["pid"], h.ready["zygote"]) for h in self._workers]
 
     def preloaded(self) -> list[str]:
         """Modules every worker pre-imported."""
@@ -216,8 +237,16 @@ class LocalSandbox:
         return self._queued
 
     # --- calls ------------------------------------------------------------------------------
-    def _validate(self, request: ExecutionRequest) -> float:
+    def _validate(self, request: ExecutionRequest, memory: int, output: int) -> float:
         c = self.config
+        if memory < 0 or memory > c.memory_bytes:
+            raise RequestError(
+                f"memory_bytes {memory} exceeds the server's maximum {c.memory_bytes}"
+            )
+        if output < 0 or output > c.max_output_bytes:
+            raise RequestError(
+                f"max_output_bytes {output} exceeds the server's maximum {c.max_output_bytes}"
+            )
         if not request.code.strip():
             raise RequestError("code is empty")
         size = len(request.code.encode("utf-8", "surrogatepass"))
@@ -234,26 +263,36 @@ class LocalSandbox:
             raise RequestError("session_id must not be empty")
         return timeout
 
-    def _pick(self, request: ExecutionRequest) -> _WorkerHandle:
+    def _pick(self, session: str | None) -> _WorkerHandle:
         live = [h for h in self._workers if not h.dead]
         if not live:
             raise SandboxBusyError("no live sandbox worker (one is restarting); retry shortly")
-        if request.session_id is not None:
-            handle = self._sessions.get(request.session_id)
+        if session is not None:
+            handle = self._sessions.get(session)
             if handle is not None and not handle.dead:
                 return handle
             if len(self._sessions) >= self.config.max_sessions:
                 raise SandboxBusyError(f"{len(self._sessions)} sessions are open (the maximum)")
             handle = min(live, key=lambda h: len(h.pending))
-            self._sessions[request.session_id] = handle
+            self._sessions[session] = handle
             return handle
         return min(live, key=lambda h: len(h.pending))
 
     async def run(
-        self, request: ExecutionRequest, *, memory_bytes: int = 0, max_output_bytes: int = 0
+        self,
+        request: ExecutionRequest,
+        *,
+        memory_bytes: int = 0,
+        max_output_bytes: int = 0,
+        owner: str = "",
     ) -> ExecutionResult:
-        """Run one call; raises RequestError or SandboxBusyError instead of running it."""
-        timeout = self._validate(request)
+        """Run one call; raises RequestError or SandboxBusyError instead of running it.
+
+        `memory_bytes` / `max_output_bytes`: 0 is the server's value, less is allowed, more is a
+        RequestError. `owner`: whose session `request.session_id` names.
+        """
+        timeout = self._validate(request, memory_bytes, max_output_bytes)
+        session = _session_key(owner, request.session_id)
         await self.start()
         if self._closing:
             raise SandboxBusyError("the sandbox is shutting down")
@@ -267,7 +306,7 @@ class LocalSandbox:
             self._queued -= 1
         self._in_flight += 1
         try:
-            handle = self._pick(request)
+            handle = self._pick(session)
             call_id = next(self._ids)
             future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             handle.pending[call_id] = future
@@ -278,7 +317,7 @@ class LocalSandbox:
                     "code": request.code,
                     "stdin": request.stdin,
                     "timeout_s": timeout,
-                    "session": request.session_id,
+                    "session": session,
                     "memory_bytes": memory_bytes or self.config.memory_bytes,
                     "max_output": max_output_bytes or self.config.max_output_bytes,
                 }
@@ -297,29 +336,41 @@ class LocalSandbox:
         return _result(done, request.request_id, waited)
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
-        """Run one call; a bad or refused request comes back as a REJECTED result."""
+        """Run one call; a bad request comes back REJECTED, a full sandbox SANDBOX_ERROR."""
         try:
             return await self.run(request)
-        except (RequestError, SandboxBusyError) as exc:
+        except RequestError as exc:
             return ExecutionResult(
                 status=ExecutionStatus.REJECTED, message=str(exc), request_id=request.request_id
+            )
+        except SandboxBusyError as exc:
+            return ExecutionResult(
+                status=ExecutionStatus.SANDBOX_ERROR,
+                message=f"sandbox: {exc}",
+                request_id=request.request_id,
             )
 
     async def execute_many(self, requests: Sequence[ExecutionRequest]) -> list[ExecutionResult]:
         """Run many calls concurrently; results in request order."""
         return list(await asyncio.gather(*(self.execute(r) for r in requests)))
 
-    async def close_session(self, session_id: str) -> bool:
-        """Close a session now; False if it was not open."""
-        handle = self._sessions.pop(session_id, None)
+    async def close_session(self, session_id: str, owner: str = "") -> bool:
+        """Close a session of `owner` now; False if it was not open. Never waits for it."""
+        key = f"{owner}\x00{session_id}"
+        handle = self._sessions.pop(key, None)
         if handle is None:
             return False
-        handle.send({"op": "close_session", "session": session_id})
+        handle.send({"op": "close_session", "session": key})
         return True
 
 
+def _session_key(owner: str, session_id: str | None) -> str | None:
+    """The worker's name of a session: the owner and the id (another owner: another session)."""
+    return None if session_id is None else f"{owner}\x00{session_id}"
+
+
 def _lost(message: str) -> dict[str, Any]:
-    return {"status": "error", "message": message, "exit_code": -1}
+    return {"status": "sandbox_error", "message": message, "exit_code": -1}
 
 
 def _result(done: dict[str, Any], request_id: str, waited: float) -> ExecutionResult:

@@ -11,6 +11,10 @@ honoured: when it expires the call is cancelled and its child killed. `stop(grac
 calls, lets running ones finish for `grace` seconds and cancels the rest (their callers get
 CANCELLED), then closes the pool. Binds loopback unless told otherwise, and refuses any other
 host without a token unless `insecure`; TLS when given a pair.
+Limits are the server's: a request asking more memory, output or time than its maxima is
+INVALID_ARGUMENT. A session id is scoped to its caller: the owner is the caller's token when one
+is sent, else its connection (`context.peer()`), so nobody else can use or close it. Info
+carries a warning when the pool runs with weak isolation.
 
 Not covered: rate limits per caller, and authorisation beyond one shared token.
 """
@@ -18,6 +22,7 @@ Not covered: rate limits per caller, and authorisation beyond one shared token.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
@@ -56,6 +61,15 @@ def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return deserialize
 
 
+def _owner(context: grpc.aio.ServicerContext) -> str:
+    """Whose sessions a call may use: its token if it sent one, else its connection."""
+    sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+    if sent:
+        digest = sent.encode() if isinstance(sent, str) else sent
+        return "token:" + hashlib.sha256(digest).hexdigest()[:32]
+    return "peer:" + context.peer()
+
+
 class SandboxServicer:
     """Decode, call the pool, encode."""
 
@@ -63,7 +77,7 @@ class SandboxServicer:
         self.sandbox = sandbox
         self.config = config
 
-    async def _one(self, message: Any) -> ExecutionResult:
+    async def _one(self, message: Any, owner: str) -> ExecutionResult:
         """Run one item of a batch or stream; bad or refused items become REJECTED results."""
         if isinstance(message, _Undecodable):
             return _rejected("", f"undecodable request: {message.error}")
@@ -73,11 +87,16 @@ class SandboxServicer:
                 request,
                 memory_bytes=message.memory_bytes,
                 max_output_bytes=message.max_output_bytes,
+                owner=owner,
             )
         except RequestError as exc:
             return _rejected(request.request_id, f"INVALID_ARGUMENT: {exc}")
         except SandboxBusyError as exc:
-            return _rejected(request.request_id, f"RESOURCE_EXHAUSTED: {exc}")
+            return ExecutionResult(
+                status=ExecutionStatus.SANDBOX_ERROR,
+                request_id=request.request_id,
+                message=f"RESOURCE_EXHAUSTED: {exc}",
+            )
 
     async def Execute(self, message: Any, context: grpc.aio.ServicerContext) -> pb.ExecuteResponse:
         if isinstance(message, _Undecodable):
@@ -91,6 +110,7 @@ class SandboxServicer:
                     _wire.request_from_pb(message),
                     memory_bytes=message.memory_bytes,
                     max_output_bytes=message.max_output_bytes,
+                    owner=_owner(context),
                 )
         except TimeoutError:  # the caller's deadline: the call was cancelled and its child killed
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed")
@@ -115,7 +135,10 @@ class SandboxServicer:
             )
         try:
             async with asyncio.timeout(context.time_remaining()):
-                results = await asyncio.gather(*(self._one(item) for item in message.requests))
+                owner = _owner(context)
+                results = await asyncio.gather(
+                    *(self._one(item, owner) for item in message.requests)
+                )
         except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed")
         return pb.ExecuteBatchResponse(responses=[_wire.result_to_pb(r) for r in results])
@@ -125,9 +148,10 @@ class SandboxServicer:
     ) -> AsyncIterator[pb.ExecuteResponse]:
         done: asyncio.Queue[ExecutionResult | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
+        owner = _owner(context)
 
         async def one(message: Any) -> None:
-            await done.put(await self._one(message))
+            await done.put(await self._one(message, owner))
 
         async def feed() -> None:
             async for message in messages:
@@ -164,11 +188,13 @@ class SandboxServicer:
                 max_code_bytes=c.max_code_bytes,
                 max_queue=c.max_queue,
                 max_sessions=c.max_sessions,
+                session_cpu_s=c.session_cpu_s,
             ),
             in_flight=self.sandbox.in_flight,
             queued=self.sandbox.queued,
             preloaded=self.sandbox.preloaded(),
             sessions=self.sandbox.session_count,
+            warning=self.sandbox.isolation_warning(),
         )
 
     async def CloseSession(
@@ -176,7 +202,8 @@ class SandboxServicer:
     ) -> pb.CloseSessionResponse:
         if not message.session_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty")
-        return pb.CloseSessionResponse(closed=await self.sandbox.close_session(message.session_id))
+        closed = await self.sandbox.close_session(message.session_id, owner=_owner(context))
+        return pb.CloseSessionResponse(closed=closed)
 
 
 def _rejected(request_id: str, message: str) -> ExecutionResult:
@@ -255,7 +282,9 @@ class SandboxServer:
         active, unavailable = self.sandbox.confinements()
         logger.info("confinements active: %s", ", ".join(active))
         for name, why in unavailable.items():
-            logger.warning("confinement %s unavailable: %s", name, why)
+            (logger.info if name == "cgroup" else logger.warning)(
+                "confinement %s unavailable: %s", name, why
+            )
         servicer = SandboxServicer(self.sandbox, self.config)
         self._server.add_generic_rpc_handlers((_handlers(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

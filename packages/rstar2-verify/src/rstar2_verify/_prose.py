@@ -1,7 +1,8 @@
 """Read an answer out of prose: chat-template debris, maths delimiters and answer sentences.
 
 `clean(text)` cuts a response at the first chat-template token (`<|im_end|>`, `<|im_start|>`,
-`<|eot_id|>`, `<|endoftext|>`, `</s>`, ...), drops "I hope it is correct." and undoes doubled
+`<|eot_id|>`, `<|endoftext|>`, `</s>`, ...) when only debris follows it (a multi-turn transcript,
+where another turn starts after it, keeps every turn), drops "I hope it is correct." and undoes doubled
 LaTeX escapes (`\\\\frac` written for `\\frac`) when the whole text is written that way.
 
 `answer_in(sentence)` reads one answer sentence ("The final answer is $42$.", "so the
@@ -41,13 +42,16 @@ _VERB = re.compile(r"\b(?:is|are|equals|was|be|it's)\s+(?:equal\s+to\s+|approxim
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)|\n\s*")
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
 _TAIL = 4000
+_NEXT_TURN = re.compile(r"<\|im_start\|>|<\|start_header_id\|>")
 
 
 def clean(text: str) -> str:
     """The response without chat-template debris and with single LaTeX escapes."""
     m = _CHAT_TOKEN.search(text)
     if m is not None and text[: m.start()].strip():
-        text = text[: m.start()]
+        # A multi-turn transcript keeps every turn; otherwise what follows is debris.
+        multi_turn = _NEXT_TURN.search(text, m.end()) is not None
+        text = _CHAT_TOKEN.sub("\n", text) if multi_turn else text[: m.start()]
     head, tail = text[:-_TAIL], text[-_TAIL:]  # the sign-off matters only near the end
     text = head + _HOPE.sub(" ", tail)
     if _DOUBLED.search(text) and not _SINGLE.search(text.replace("\\\\", "")):

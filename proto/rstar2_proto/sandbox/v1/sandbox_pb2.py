@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rstar2_proto/sandbox/v1/sandbox.proto\x12\x17rstar2_proto.sandbox.v1\"\x98\x01\n\x0e\x45xecuteRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05stdin\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\"\xf2\x01\n\x0f\x45xecuteResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.rstar2_proto.sandbox.v1.Status\x12\x0e\n\x06stdout\x18\x02 \x01(\t\x12\x0e\n\x06stderr\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x13\n\x0bresult_repr\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06wall_s\x18\x07 \x01(\x01\x12\r\n\x05\x63pu_s\x18\x08 \x01(\x01\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0f\n\x07message\x18\n \x01(\t\x12\x0f\n\x07queue_s\x18\x0b \x01(\x01\"P\n\x13\x45xecuteBatchRequest\x12\x39\n\x08requests\x18\x01 \x03(\x0b\x32\'.rstar2_proto.sandbox.v1.ExecuteRequest\"S\n\x14\x45xecuteBatchResponse\x12;\n\tresponses\x18\x01 \x03(\x0b\x32(.rstar2_proto.sandbox.v1.ExecuteResponse\"\r\n\x0bInfoRequest\"\xab\x01\n\x06Limits\x12\x19\n\x11\x64\x65\x66\x61ult_timeout_s\x18\x01 \x01(\x01\x12\x15\n\rmax_timeout_s\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x18\n\x10max_output_bytes\x18\x04 \x01(\x03\x12\x16\n\x0emax_code_bytes\x18\x05 \x01(\x03\x12\x11\n\tmax_queue\x18\x06 \x01(\x05\x12\x14\n\x0cmax_sessions\x18\x07 \x01(\x05\"\xc0\x02\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x14\n\x0c\x63onfinements\x18\x03 \x03(\t\x12K\n\x0bunavailable\x18\x04 \x03(\x0b\x32\x36.rstar2_proto.sandbox.v1.InfoResponse.UnavailableEntry\x12/\n\x06limits\x18\x05 \x01(\x0b\x32\x1f.rstar2_proto.sandbox.v1.Limits\x12\x11\n\tin_flight\x18\x06 \x01(\x05\x12\x0e\n\x06queued\x18\x07 \x01(\x05\x12\x11\n\tpreloaded\x18\x08 \x03(\t\x12\x10\n\x08sessions\x18\t \x01(\x05\x1a\x32\n\x10UnavailableEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08*\xa3\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x10\n\x0cSTATUS_ERROR\x10\x02\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x03\x12\x1a\n\x16STATUS_MEMORY_EXCEEDED\x10\x04\x12\x1b\n\x17STATUS_OUTPUT_TRUNCATED\x10\x05\x12\x13\n\x0fSTATUS_REJECTED\x10\x06\x32\x85\x04\n\x0eSandboxService\x12\\\n\x07\x45xecute\x12\'.rstar2_proto.sandbox.v1.ExecuteRequest\x1a(.rstar2_proto.sandbox.v1.ExecuteResponse\x12k\n\x0c\x45xecuteBatch\x12,.rstar2_proto.sandbox.v1.ExecuteBatchRequest\x1a-.rstar2_proto.sandbox.v1.ExecuteBatchResponse\x12\x66\n\rExecuteStream\x12\'.rstar2_proto.sandbox.v1.ExecuteRequest\x1a(.rstar2_proto.sandbox.v1.ExecuteResponse(\x01\x30\x01\x12S\n\x04Info\x12$.rstar2_proto.sandbox.v1.InfoRequest\x1a%.rstar2_proto.sandbox.v1.InfoResponse\x12k\n\x0c\x43loseSession\x12,.rstar2_proto.sandbox.v1.CloseSessionRequest\x1a-.rstar2_proto.sandbox.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rstar2_proto/sandbox/v1/sandbox.proto\x12\x17rstar2_proto.sandbox.v1\"\x98\x01\n\x0e\x45xecuteRequest\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05stdin\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\"\xf2\x01\n\x0f\x45xecuteResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.rstar2_proto.sandbox.v1.Status\x12\x0e\n\x06stdout\x18\x02 \x01(\t\x12\x0e\n\x06stderr\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x13\n\x0bresult_repr\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06wall_s\x18\x07 \x01(\x01\x12\r\n\x05\x63pu_s\x18\x08 \x01(\x01\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0f\n\x07message\x18\n \x01(\t\x12\x0f\n\x07queue_s\x18\x0b \x01(\x01\"P\n\x13\x45xecuteBatchRequest\x12\x39\n\x08requests\x18\x01 \x03(\x0b\x32\'.rstar2_proto.sandbox.v1.ExecuteRequest\"S\n\x14\x45xecuteBatchResponse\x12;\n\tresponses\x18\x01 \x03(\x0b\x32(.rstar2_proto.sandbox.v1.ExecuteResponse\"\r\n\x0bInfoRequest\"\xc2\x01\n\x06Limits\x12\x19\n\x11\x64\x65\x66\x61ult_timeout_s\x18\x01 \x01(\x01\x12\x15\n\rmax_timeout_s\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x18\n\x10max_output_bytes\x18\x04 \x01(\x03\x12\x16\n\x0emax_code_bytes\x18\x05 \x01(\x03\x12\x11\n\tmax_queue\x18\x06 \x01(\x05\x12\x14\n\x0cmax_sessions\x18\x07 \x01(\x05\x12\x15\n\rsession_cpu_s\x18\x08 \x01(\x01\"\xd1\x02\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x14\n\x0c\x63onfinements\x18\x03 \x03(\t\x12K\n\x0bunavailable\x18\x04 \x03(\x0b\x32\x36.rstar2_proto.sandbox.v1.InfoResponse.UnavailableEntry\x12/\n\x06limits\x18\x05 \x01(\x0b\x32\x1f.rstar2_proto.sandbox.v1.Limits\x12\x11\n\tin_flight\x18\x06 \x01(\x05\x12\x0e\n\x06queued\x18\x07 \x01(\x05\x12\x11\n\tpreloaded\x18\x08 \x03(\t\x12\x10\n\x08sessions\x18\t \x01(\x05\x12\x0f\n\x07warning\x18\n \x01(\t\x1a\x32\n\x10UnavailableEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08*\xbd\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x10\n\x0cSTATUS_ERROR\x10\x02\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x03\x12\x1a\n\x16STATUS_MEMORY_EXCEEDED\x10\x04\x12\x1b\n\x17STATUS_OUTPUT_TRUNCATED\x10\x05\x12\x13\n\x0fSTATUS_REJECTED\x10\x06\x12\x18\n\x14STATUS_SANDBOX_ERROR\x10\x07\x32\x85\x04\n\x0eSandboxService\x12\\\n\x07\x45xecute\x12\'.rstar2_proto.sandbox.v1.ExecuteRequest\x1a(.rstar2_proto.sandbox.v1.ExecuteResponse\x12k\n\x0c\x45xecuteBatch\x12,.rstar2_proto.sandbox.v1.ExecuteBatchRequest\x1a-.rstar2_proto.sandbox.v1.ExecuteBatchResponse\x12\x66\n\rExecuteStream\x12\'.rstar2_proto.sandbox.v1.ExecuteRequest\x1a(.rstar2_proto.sandbox.v1.ExecuteResponse(\x01\x30\x01\x12S\n\x04Info\x12$.rstar2_proto.sandbox.v1.InfoRequest\x1a%.rstar2_proto.sandbox.v1.InfoResponse\x12k\n\x0c\x43loseSession\x12,.rstar2_proto.sandbox.v1.CloseSessionRequest\x1a-.rstar2_proto.sandbox.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INFORESPONSE_UNAVAILABLEENTRY']._loaded_options = None
   _globals['_INFORESPONSE_UNAVAILABLEENTRY']._serialized_options = b'8\001'
-  _globals['_STATUS']._serialized_start=1229
-  _globals['_STATUS']._serialized_end=1392
+  _globals['_STATUS']._serialized_start=1269
+  _globals['_STATUS']._serialized_end=1458
   _globals['_EXECUTEREQUEST']._serialized_start=67
   _globals['_EXECUTEREQUEST']._serialized_end=219
   _globals['_EXECUTERESPONSE']._serialized_start=222
@@ -46,15 +46,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=633
   _globals['_INFOREQUEST']._serialized_end=646
   _globals['_LIMITS']._serialized_start=649
-  _globals['_LIMITS']._serialized_end=820
-  _globals['_INFORESPONSE']._serialized_start=823
-  _globals['_INFORESPONSE']._serialized_end=1143
-  _globals['_INFORESPONSE_UNAVAILABLEENTRY']._serialized_start=1093
-  _globals['_INFORESPONSE_UNAVAILABLEENTRY']._serialized_end=1143
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1145
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1186
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1188
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1226
-  _globals['_SANDBOXSERVICE']._serialized_start=1395
-  _globals['_SANDBOXSERVICE']._serialized_end=1912
+  _globals['_LIMITS']._serialized_end=843
+  _globals['_INFORESPONSE']._serialized_start=846
+  _globals['_INFORESPONSE']._serialized_end=1183
+  _globals['_INFORESPONSE_UNAVAILABLEENTRY']._serialized_start=1133
+  _globals['_INFORESPONSE_UNAVAILABLEENTRY']._serialized_end=1183
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1185
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1226
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1228
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1266
+  _globals['_SANDBOXSERVICE']._serialized_start=1461
+  _globals['_SANDBOXSERVICE']._serialized_end=1978
 # @@protoc_insertion_point(module_scope)

@@ -16,6 +16,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_MEMORY_EXCEEDED: _ClassVar[Status]
     STATUS_OUTPUT_TRUNCATED: _ClassVar[Status]
     STATUS_REJECTED: _ClassVar[Status]
+    STATUS_SANDBOX_ERROR: _ClassVar[Status]
 STATUS_UNSPECIFIED: Status
 STATUS_OK: Status
 STATUS_ERROR: Status
@@ -23,6 +24,7 @@ STATUS_TIMEOUT: Status
 STATUS_MEMORY_EXCEEDED: Status
 STATUS_OUTPUT_TRUNCATED: Status
 STATUS_REJECTED: Status
+STATUS_SANDBOX_ERROR: Status
 
 class ExecuteRequest(_message.Message):
     __slots__ = ("code", "stdin", "timeout_s", "session_id", "request_id", "memory_bytes", "max_output_bytes")
@@ -85,7 +87,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("default_timeout_s", "max_timeout_s", "memory_bytes", "max_output_bytes", "max_code_bytes", "max_queue", "max_sessions")
+    __slots__ = ("default_timeout_s", "max_timeout_s", "memory_bytes", "max_output_bytes", "max_code_bytes", "max_queue", "max_sessions", "session_cpu_s")
     DEFAULT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MAX_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,7 @@ class Limits(_message.Message):
     MAX_CODE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CPU_S_FIELD_NUMBER: _ClassVar[int]
     default_timeout_s: float
     max_timeout_s: float
     memory_bytes: int
@@ -100,10 +103,11 @@ class Limits(_message.Message):
     max_code_bytes: int
     max_queue: int
     max_sessions: int
-    def __init__(self, default_timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., max_output_bytes: _Optional[int] = ..., max_code_bytes: _Optional[int] = ..., max_queue: _Optional[int] = ..., max_sessions: _Optional[int] = ...) -> None: ...
+    session_cpu_s: float
+    def __init__(self, default_timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., max_output_bytes: _Optional[int] = ..., max_code_bytes: _Optional[int] = ..., max_queue: _Optional[int] = ..., max_sessions: _Optional[int] = ..., session_cpu_s: _Optional[float] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "workers", "confinements", "unavailable", "limits", "in_flight", "queued", "preloaded", "sessions")
+    __slots__ = ("version", "workers", "confinements", "unavailable", "limits", "in_flight", "queued", "preloaded", "sessions", "warning")
     class UnavailableEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +124,7 @@ class InfoResponse(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     PRELOADED_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    WARNING_FIELD_NUMBER: _ClassVar[int]
     version: str
     workers: int
     confinements: _containers.RepeatedScalarFieldContainer[str]
@@ -129,7 +134,8 @@ class InfoResponse(_message.Message):
     queued: int
     preloaded: _containers.RepeatedScalarFieldContainer[str]
     sessions: int
-    def __init__(self, version: _Optional[str] = ..., workers: _Optional[int] = ..., confinements: _Optional[_Iterable[str]] = ..., unavailable: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., preloaded: _Optional[_Iterable[str]] = ..., sessions: _Optional[int] = ...) -> None: ...
+    warning: str
+    def __init__(self, version: _Optional[str] = ..., workers: _Optional[int] = ..., confinements: _Optional[_Iterable[str]] = ..., unavailable: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., preloaded: _Optional[_Iterable[str]] = ..., sessions: _Optional[int] = ..., warning: _Optional[str] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -1,0 +1,250 @@
+"""The zygote: pid 1 of the worker's pid namespace, the clean process every call is forked from.
+
+Contract. The worker forks the zygote right after entering its namespaces. The zygote builds its
+read-only root (`_confine.build_root`), pre-imports the maths stack, runs the warm-up, freezes the
+GC, tries the per-call confinement once in a throwaway child, and says `ready` on its socket (a
+SOCK_SEQPACKET pair with the worker). Then it only forks: each `fork` message carries the call's
+descriptors (SCM_RIGHTS: memfds holding the code and stdin, the output and result pipes, or a
+session's pipes) and its limits, never the code itself, so the zygote holds no request data and a
+call cannot find another call's code, stdin or output in its inherited memory. It answers
+`started` with a pidfd of the child (the worker kills and renices through it), reaps every child
+and reports `exited` with the wait status and the CPU time. When the worker goes away (its end of
+the socket closes, or PR_SET_PDEATHSIG fires) the zygote exits, and as pid 1 of the namespace
+takes every call with it: no call can outlive its worker, whatever it does to its own signals.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import gc
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+from typing import Any
+
+from rstar2_sandbox import _child, _confine, _seccomp
+
+MAX_FDS = 8
+_UID_SLOTS = 1000
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    ancillary = []
+    if fds:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+    sock.sendmsg([data], ancillary)
+
+
+def receive(sock: socket.socket, size: int = 1 << 16) -> tuple[dict[str, Any], list[int]] | None:
+    """One message and the descriptors it carried; None when the peer closed."""
+    data, ancillary, _flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(MAX_FDS * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            carried = array.array("i")
+            carried.frombytes(payload[: len(payload) - len(payload) % carried.itemsize])
+            fds += list(carried)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return json.loads(data), fds
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, config: dict[str, Any], index: int, seccomp: bool):
+        self.sock = sock
+        self.config = config
+        self.index = index
+        self.seccomp = seccomp
+        self.private_tmp = True
+        self.children: dict[int, tuple[int, int]] = {}  # pid -> (tag, pidfd)
+        self.selector = selectors.DefaultSelector()
+
+    def uid(self, slot: int) -> int | None:
+        if os.geteuid() != 0:
+            return None
+        return self.config["uid_base"] + self.index * _UID_SLOTS + slot
+
+    def limits(self, cpu_s: float | None, memory_bytes: int) -> _confine.CallLimits:
+        c = self.config
+        return _confine.CallLimits(
+            cpu_s,
+            memory_bytes,
+            c["file_size_bytes"],
+            c["open_files"],
+            c["processes"],
+            c["tmpfs_bytes"],
+        )
+
+    def fork(self, message: dict[str, Any], fds: list[int]) -> int:
+        """Fork a confined call whose descriptors 0.. are `fds` (sessions: 3.. with 0-2 null)."""
+        uid = self.uid(message["slot"])
+        limits = self.limits(message["cpu_s"], message["memory_bytes"])
+        kind = message["kind"]
+        pid = os.fork()
+        if pid == 0:  # the call: never returns
+            try:
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
+                if kind == "session":
+                    null = os.open("/dev/null", os.O_RDWR)
+                    targets = [null, null, null, *high]
+                else:
+                    targets = high
+                for target, source in enumerate(targets):
+                    os.dup2(source, target)
+                os.closerange(len(targets), 1 << 16)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _confine.confine_call(uid, limits, self.seccomp, self.private_tmp)
+                if kind == "session":
+                    _child.serve_session(3, 4)
+                else:
+                    _child.run_once(code_fd=4, result_fd=3)
+            except BaseException as exc:
+                with contextlib.suppress(BaseException):
+                    os.write(2, f"sandbox: call set-up failed: {exc!r}\n".encode())
+                os._exit(70)
+            os._exit(0)
+        return pid
+
+    def handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        try:
+            if message.get("op") != "fork":
+                raise ValueError(f"unknown operation {message.get('op')!r}")
+            pid = self.fork(message, fds)
+        except (OSError, ValueError, KeyError) as exc:
+            send(self.sock, {"op": "failed", "tag": message.get("tag"), "error": repr(exc)})
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[pid] = (message["tag"], pidfd)
+        self.selector.register(pidfd, selectors.EVENT_READ, pid)
+        send(self.sock, {"op": "started", "tag": message["tag"], "pid": pid}, [pidfd])
+
+    def reap(self, pid: int) -> None:
+        tag, pidfd = self.children.pop(pid)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status, usage = os.wait4(pid, 0)
+        cpu = usage.ru_utime + usage.ru_stime
+        send(self.sock, {"op": "exited", "tag": tag, "status": status, "cpu_s": cpu})
+
+    def reap_orphans(self) -> None:
+        """As pid 1, reap what calls left behind (only possible without seccomp)."""
+        while True:
+            try:
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if found is None or found.si_pid in self.children:
+                return
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(found.si_pid, 0)
+
+    def serve(self) -> None:
+        self.selector.register(self.sock, selectors.EVENT_READ, None)
+        while True:
+            for key, _ in self.selector.select(1.0):
+                if key.data is None:
+                    received = receive(self.sock)
+                    if received is None:
+                        return
+                    self.handle(*received)
+                else:
+                    self.reap(key.data)
+            self.reap_orphans()
+
+
+def _trial(zygote: Zygote) -> str | None:
+    """Confine a throwaway child exactly as a call; None if it worked, else why not."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            _confine.confine_call(
+                zygote.uid(0), zygote.limits(1.0, 1 << 30), zygote.seccomp, zygote.private_tmp
+            )
+            os._exit(0)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                os.write(write, repr(exc).encode()[:1000])
+            os._exit(1)
+    os.close(write)
+    why = os.read(read, 1000).decode(errors="replace")
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return None
+    return why or f"the trial call exited with status {status}"
+
+
+def main(sock: socket.socket, config: dict[str, Any], index: int, conf: _confine.Confinements):
+    """The zygote's life: confine, warm up, probe, announce, fork until the worker goes."""
+    os.umask(0o022)
+    _confine.build_root(conf)
+    loaded, failed = [], {}
+    for module in config["preload"]:
+        try:
+            importlib.import_module(module)
+            loaded.append(module)
+        except Exception as exc:  # a missing optional module is reported, not fatal
+            failed[module] = repr(exc)
+    if config["warmup_code"] and not failed:
+        try:
+            exec(compile(config["warmup_code"], "<warmup>", "exec"), {})
+        except Exception as exc:
+            failed["<warmup>"] = repr(exc)
+    reason = _seccomp.supported() if config["seccomp"] else "disabled by configuration"
+    zygote = Zygote(sock, config, index, seccomp=reason is None)
+    if reason is None:
+        _seccomp.prepare()
+    why = _trial(zygote)
+    if why is not None and zygote.seccomp:  # the filter, or something else?
+        zygote.seccomp = False
+        if _trial(zygote) is None:
+            reason, why = f"the kernel refused the filter: {why}", None
+        else:
+            zygote.seccomp = True
+    if why is not None:  # the private /tmp, or something else?
+        zygote.private_tmp = False
+        if _trial(zygote) is None:
+            conf.unavailable["private_tmp"] = f"a call cannot mount its own /tmp: {why}"
+            why = None
+        else:
+            zygote.private_tmp = True
+    if why is not None:
+        for name in ("rlimits", "new_session", "no_caps", "private_tmp"):
+            conf.unavailable[name] = f"a confined call could not be set up: {why}"
+    else:
+        conf.active += ["rlimits", "new_session", "no_caps"]
+        if zygote.private_tmp:
+            conf.active.append("private_tmp")
+        if os.geteuid() == 0:
+            conf.active.append("uid")
+    if zygote.seccomp:
+        conf.active.append("seccomp")
+    else:
+        conf.unavailable["seccomp"] = reason or "not available"
+    gc.collect()
+    gc.freeze()  # forked calls then leave the inherited objects' pages unwritten by the collector
+    send(
+        sock,
+        {
+            "op": "ready",
+            "active": conf.active,
+            "unavailable": conf.unavailable,
+            "preloaded": loaded,
+            "preload_failed": failed,
+        },
+    )
+    zygote.serve()

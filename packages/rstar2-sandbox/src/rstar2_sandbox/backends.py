@@ -1,0 +1,194 @@
+"""`open_sandbox`: any `SandboxBackendConfig` opened as a `Sandbox`, for the trainer and evaluator.
+
+Contract. `async with open_sandbox(backend, limits) as sandbox:` yields something that satisfies
+`Sandbox` and releases it on exit. `limits` (a `SandboxConfig`) are the per-call limits; the
+backend adds the pool's shape and where it runs:
+
+- `local`: a `LocalSandbox` in this process (workers and max_in_flight from the backend).
+- `child`: `python -m rstar2_sandbox.cli serve` on 127.0.0.1, port 0, started through a small
+  trampoline that sets PR_SET_PDEATHSIG (SIGTERM) before exec, so the server dies with this
+  process even when it is killed; its limits travel in a 0600 JSON file and a fresh random
+  token in a 0600 token file (never on a command line), both in a 0700 directory removed at the
+  end. Reached through `SandboxClient`. Isolation is required unless `allow_weak_isolation`: a
+  child that cannot confine calls exits and `open_sandbox` raises `SandboxStartError` with its
+  one-line reason.
+- `remote`: a `SandboxClient` over the addresses, with the token read from `token_file` and TLS
+  when `tls_ca_file` is set.
+- `fusion`: a `FusionSandbox` over the URL (no sessions; the limits' default timeout).
+
+Not covered: starting remote servers (see the trainer's cluster mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from rstar2_sandbox.client import SandboxClient
+from rstar2_sandbox.config import (
+    ChildSandboxConfig,
+    FusionSandboxConfig,
+    LocalSandboxConfig,
+    RemoteSandboxConfig,
+    SandboxBackendConfig,
+    SandboxConfig,
+)
+from rstar2_sandbox.execution import Sandbox
+from rstar2_sandbox.fusion import FusionSandbox
+from rstar2_sandbox.local import LocalSandbox
+
+_PR_SET_PDEATHSIG = 1
+# argv: parent pid, then the command. PR_SET_PDEATHSIG survives exec; the pid check closes the
+# race where the parent died before the request was made.
+_TRAMPOLINE = f"""
+import ctypes, os, sys
+ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGTERM)})
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class SandboxStartError(RuntimeError):
+    """A sandbox backend could not be opened; the message says why."""
+
+
+class ChildSandbox(SandboxClient):
+    """A `rstar2-sandbox serve` child on loopback, reached as a `SandboxClient`."""
+
+    def __init__(
+        self, address: str, token: str, process: asyncio.subprocess.Process, home: Path
+    ) -> None:
+        super().__init__(address, token=token)
+        self.address = address
+        self.process = process
+        self._home = home
+
+    @classmethod
+    async def start(cls, backend: ChildSandboxConfig, limits: SandboxConfig) -> ChildSandbox:
+        home = Path(tempfile.mkdtemp(prefix="rstar2-sandbox-child-"))  # 0700
+        token = secrets.token_urlsafe(32)
+        token_file, config_file = home / "token", home / "sandbox.json"
+        for path, text in ((token_file, token), (config_file, _child_limits(backend, limits))):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        command = [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--host", "127.0.0.1"]
+        command += ["--port", "0", "--token-file", str(token_file)]
+        command += ["--sandbox-config", str(config_file)]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _TRAMPOLINE,
+            str(os.getpid()),
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), backend.ready_timeout_s)
+        except TimeoutError:
+            line = b""
+        match = re.search(rb"listening on (\S+)", line)
+        if match is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            error = (await process.stderr.read()).decode(errors="replace").strip()
+            await process.wait()
+            shutil.rmtree(home, ignore_errors=True)
+            last = error.splitlines()[-1] if error else "no output"
+            raise SandboxStartError(f"the sandbox child did not start: {last}")
+        asyncio.get_running_loop().create_task(_drain(process.stderr))
+        return cls(match.group(1).decode(), token, process, home)
+
+    async def close(self) -> None:
+        await super().close()
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 30)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    """Keep reading the child's log so that a full pipe never stalls it (the log goes to ours)."""
+    while line := await stream.readline():
+        sys.stderr.write(line.decode(errors="replace"))
+
+
+def _child_limits(backend: ChildSandboxConfig, limits: SandboxConfig) -> str:
+    return limits.model_copy(
+        update={
+            "workers": backend.workers,
+            "max_in_flight": backend.max_in_flight,
+            "require_isolation": not backend.allow_weak_isolation,
+        }
+    ).model_dump_json()
+
+
+def _read(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SandboxStartError(f"cannot read the {what} {path}: {exc.strerror}") from exc
+
+
+@contextlib.asynccontextmanager
+async def open_sandbox(
+    backend: SandboxBackendConfig, limits: SandboxConfig | None = None
+) -> AsyncIterator[Sandbox]:
+    """Open `backend` with the per-call `limits`; closes it on exit."""
+    limits = limits or SandboxConfig()
+    sandbox: LocalSandbox | ChildSandbox | SandboxClient | FusionSandbox
+    if isinstance(backend, LocalSandboxConfig):
+        sandbox = LocalSandbox(
+            limits.model_copy(
+                update={
+                    "workers": backend.workers,
+                    "max_in_flight": backend.max_in_flight,
+                    "require_isolation": not backend.allow_weak_isolation,
+                }
+            )
+        )
+        try:
+            await sandbox.start()
+        except RuntimeError as exc:
+            raise SandboxStartError(str(exc)) from exc
+    elif isinstance(backend, ChildSandboxConfig):
+        sandbox = await ChildSandbox.start(backend, limits)
+    elif isinstance(backend, RemoteSandboxConfig):
+        token = _read(backend.token_file, "token file")
+        sandbox = SandboxClient(
+            backend.addresses,
+            token=token.decode().strip() if token else None,
+            root_certificates=_read(backend.tls_ca_file, "TLS CA file"),
+            retry_after_s=backend.retry_after_s,
+        )
+    elif isinstance(backend, FusionSandboxConfig):
+        sandbox = FusionSandbox(
+            backend.url,
+            default_timeout_s=limits.default_timeout_s,
+            max_concurrency=backend.max_concurrency,
+        )
+    else:  # pragma: no cover - the union is closed
+        raise TypeError(f"unknown sandbox backend {backend!r}")
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
