@@ -77,3 +77,18 @@ def test_the_engine_section_is_rstar2_rollouts_engine_config_filled_with_the_run
     assert engine.max_num_seqs == 8  # the recipe's setting wins
     hf = load_config("tiny", ["engine={kind: hf}"]).engine_for("/m", replica=0)
     assert hf == HFEngineConfig(model="/m", dtype="float32")
+
+
+def test_a_written_config_reloads_to_the_same_engines():
+    # `--resume` validates the run directory's config.yaml: the engines must come out the same.
+    import json
+
+    from rstar2_trainer.config import TrainerConfig
+
+    for overrides in ([], ["engine={kind: hf}"], ["engine.max_num_seqs=8", "run.seed=5"]):
+        config = load_config("tiny", overrides)
+        written = json.loads(config.model_dump_json())
+        assert written["engine"]["kind"] in ("vllm", "hf") and "model" not in written["engine"]
+        again = TrainerConfig.model_validate(written)
+        for replica in (0, 1):
+            assert again.engine_for("/m", replica) == config.engine_for("/m", replica)

@@ -14,8 +14,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializationInfo,
     ValidationError,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -298,6 +300,12 @@ class TrainerConfig(_Section):
         # An engine with a dtype left unset takes train.dtype (checked below when it is set).
         train = info.data.get("train")
         return engine.fill(dtype=train.dtype) if isinstance(train, TrainSettings) else engine
+
+    @field_serializer("engine")
+    def _engine_as_written(self, engine: Any, info: SerializationInfo) -> dict[str, Any]:
+        # What the recipe set, not the defaults: a reloaded config (`--resume`) fills the rest
+        # exactly as the first run did (`engine_for`).
+        return {"kind": engine.kind, **engine.model_dump(mode=info.mode, exclude_unset=True)}
 
     @model_validator(mode="after")
     def _engine_can_be_trained(self) -> TrainerConfig:
