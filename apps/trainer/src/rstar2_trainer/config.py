@@ -254,6 +254,7 @@ class TrainerConfig(_Section):
     )
     engine: EngineConfig = Field(
         default_factory=VLLMEngineConfig,
+        validate_default=True,  # the default engine takes train.dtype too
         description="The rollout engine, rstar2-rollout's `EngineConfig` (kind: vllm | hf); its "
         "model, context, seed and dtype are the run's unless set here (`engine_for`).",
     )
