@@ -33,6 +33,7 @@ def test_override_is_applied():
         (["tiny", "sft.direct_share=1.5"], "sft.direct_share"),
         (["tiny", "engine.replicas=2"], "engine.replicas is now engine_replicas"),
         (["tiny", "engine.max_num_seq=8"], "unknown key 'engine.max_num_seq' for engine.kind vllm"),
+        (["tiny", "engine.kind=hf"], "replace the section: 'engine={kind: hf}'"),
         (["tiny", "engine.kind=sglang"], "engine: Input tag 'sglang' found using 'kind'"),
         (["tiny", "engine.model=/models/x"], "engine.model: the engines run the policy"),
         (["tiny", "engine.max_model_len=512"], "engine.max_model_len 512 is below the 1408"),

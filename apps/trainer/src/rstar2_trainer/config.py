@@ -415,7 +415,10 @@ def load_config(recipe: str | Path = "tiny", overrides: list[str] | None = None)
             raise ConfigError(str(err["msg"]).removeprefix("Value error, ")) from None
         loc, kind = err["loc"], ""
         if loc[0] == "engine" and len(loc) > 2:  # drop the union's tag: engine.vllm.x -> engine.x
-            loc, kind = (loc[0], *loc[2:]), f" for engine.kind {loc[1]}"
+            tag, loc = loc[1], (loc[0], *loc[2:])
+            kind = f" for engine.kind {tag}"
+            if err["type"] == "extra_forbidden":  # most often a kind switched by an override
+                kind += f" (to switch kinds, replace the section: 'engine={{kind: {tag}}}')"
         where = ".".join(str(p) for p in loc)
         if where == "engine.replicas":
             raise ConfigError("engine.replicas is now engine_replicas (a top-level key)") from None
