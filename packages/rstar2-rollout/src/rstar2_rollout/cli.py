@@ -57,9 +57,12 @@ def _engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
         "kv_cache_memory_bytes": args.kv_cache_bytes,
         "max_num_seqs": args.max_num_seqs,
     }
-    given = {key: value for key, value in flags.items() if value is not None}
+    # unset flags, and --dtype auto, leave the kind's default (hf's is float32)
+    given = {key: value for key, value in flags.items() if value not in (None, "auto")}
     try:
         options = dict(_option(text) for text in args.engine_option)
+        if "model" in options:
+            raise UsageError("--engine-option model: the engines run --model; drop the option")
         chosen = TypeAdapter(EngineConfig).validate_python({"kind": args.engine, **options})
         return [
             chosen.fill(model=str(model), seed=args.seed + i, **given) for i in range(args.engines)
