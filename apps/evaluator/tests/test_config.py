@@ -85,6 +85,23 @@ def test_identity_ignores_concurrency_but_not_the_protocol():
         (["nosuch=1"], "invalid config: nosuch: Extra inputs are not permitted"),
         (["samples"], "override 'samples' is not key=value"),
         (["samples.x=1"], "override samples.x: samples is a value, not a section"),
+        (["model.engine=sglang"], "invalid config: model.local.engine: Input tag 'sglang'"),
+        (
+            ["model.engine.max_num_seqs=8"],
+            "invalid config: model.local.engine: Value error, model.engine with settings needs its kind",
+        ),
+        (
+            ["model.engine.kind=hf", "model.engine.model=/m"],
+            "invalid config: model.local: Value error, model.engine.model: the engine runs model.path",
+        ),
+        (
+            ["model.engine.kind=vllm", "model.engine.max_model_len=4096", "model.max_model_len=8"],
+            "invalid config: model.local: Value error, set model.max_model_len or model.engine.",
+        ),
+        (
+            ["model.engine={kind: openai, base_url: 'http://h/v1', model: m}"],
+            "invalid config: model.local: Value error, model.engine.kind openai is a served model",
+        ),
     ],
 )
 def test_bad_overrides_are_one_line(overrides, message):
@@ -110,3 +127,42 @@ def test_the_old_remote_tool_spelling_is_a_remote_backend():
     assert config.tool.addresses == ["h1:1", "h2:2"]
     with pytest.raises(ConfigError, match=r"tool\.token_file"):
         load_config("quick", BASE, ["tool.kind=grpc", "tool.address=h:1", "tool.token=s3cret"])
+
+
+def test_the_engine_is_rstar2_rollouts_engine_config_and_auto_stays_auto():
+    from rstar2_rollout import HFEngineConfig, VLLMEngineConfig
+
+    default = load_config("paper", BASE)
+    assert default.model.engine is None  # type: ignore[union-attr]
+    assert default.model_dump(mode="json")["model"]["engine"] == "auto"  # as before: resumes match
+    assert load_config("paper", BASE, ["model.engine=auto"]) == default
+    hf = load_config("paper", BASE, ["model.engine=transformers"]).model.engine  # the old name
+    assert hf == HFEngineConfig() == load_config("paper", BASE, ["model.engine=hf"]).model.engine
+    tuned = load_config("paper", BASE, ["model.engine.kind=vllm", "model.engine.max_num_seqs=8"])
+    assert tuned.model.engine == VLLMEngineConfig(max_num_seqs=8)  # type: ignore[union-attr]
+    dumped = tuned.model_dump(mode="json")
+    assert EvalConfig.model_validate(dumped) == tuned
+
+
+def test_check_model_fills_the_engine_with_the_evaluation(tmp_path):
+    from rstar2_evaluator.model import check_model
+    from rstar2_rollout import HFEngineConfig, VLLMEngineConfig
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 4096}')
+    base = {**BASE, "model.path": str(tmp_path)}
+    vllm = ["model.engine.kind=vllm", "model.engine.max_num_seqs=8", "seed=3"]
+    engine, context = check_model(load_config("paper", base, vllm))
+    assert context == 4096  # the model's own limit caps 30720 + 4096
+    assert engine == VLLMEngineConfig(
+        model=str(tmp_path),
+        max_model_len=4096,
+        max_num_seqs=8,
+        seed=3,
+        kv_cache_memory_bytes=4 << 30,
+    )
+    explicit = [*vllm, "model.engine.max_model_len=2048", "model.kv_cache_gib=0.25"]
+    engine, context = check_model(load_config("paper", base, explicit))
+    assert context == 2048 and isinstance(engine, VLLMEngineConfig)
+    assert (engine.max_model_len, engine.kv_cache_memory_bytes) == (2048, 1 << 28)
+    engine, _ = check_model(load_config("paper", base, ["model.engine=hf"]))
+    assert engine == HFEngineConfig(model=str(tmp_path))

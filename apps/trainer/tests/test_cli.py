@@ -37,6 +37,20 @@ def test_override_is_applied():
         (["tiny", "garbage"], "not of the form a.b=value"),
         (["tiny", "eval.samples=4", "eval.temperature=0"], "set eval.temperature above 0"),
         (["tiny", "sft.direct_share=1.5"], "sft.direct_share"),
+        (["tiny", "engine.replicas=2"], "engine.replicas is now engine_replicas"),
+        (["tiny", "engine.max_num_seq=8"], "unknown key 'engine.max_num_seq' for engine.kind vllm"),
+        (["tiny", "engine.kind=hf"], "replace the section: 'engine={kind: hf}'"),
+        (["tiny", "engine.kind=sglang"], "engine: Input tag 'sglang' found using 'kind'"),
+        (["tiny", "engine.model=/models/x"], "engine.model: the engines run the policy"),
+        (["tiny", "engine.max_model_len=512"], "engine.max_model_len 512 is below the 1408"),
+        (
+            ["tiny", "engine={kind: openai, base_url: 'http://h/v1', model: m}"],
+            "engine.kind openai cannot load the trainer's weights; use engine.kind: vllm or hf",
+        ),
+        (
+            ["tiny", "cluster={engine_threads: 1}", "engine.tensor_parallel_size=2"],
+            "engine.tensor_parallel_size differs from the 1 GPU(s) of cluster.gpus_per_engine",
+        ),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(argv, message, capsys):
@@ -53,7 +67,35 @@ def test_two_local_cpu_vllm_engines_are_refused(tmp_path, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("the refusal is for the CPU build of vLLM")
-    assert main(["tiny", "engine.replicas=2", f"run.output_dir={tmp_path / 'run'}"]) == 2
+    assert main(["tiny", "engine_replicas=2", f"run.output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "one engine per process" in err
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_the_engine_section_is_rstar2_rollouts_engine_config_filled_with_the_run():
+    from rstar2_rollout import HFEngineConfig, VLLMEngineConfig
+
+    config = load_config("tiny", ["train.dtype=bfloat16", "engine.max_num_seqs=8"])
+    engine = config.engine_for("/run/model", replica=1)
+    assert isinstance(engine, VLLMEngineConfig)
+    assert (engine.model, engine.dtype, engine.seed) == ("/run/model", "bfloat16", 1)
+    assert engine.max_model_len == 1408  # tiny's longest budget (384) + 1024 of prompt
+    assert engine.max_num_seqs == 8  # the recipe's setting wins
+    hf = load_config("tiny", ["engine={kind: hf}"]).engine_for("/m", replica=0)
+    assert hf == HFEngineConfig(model="/m", dtype="float32")
+
+
+def test_a_written_config_reloads_to_the_same_engines():
+    # `--resume` validates the run directory's config.yaml: the engines must come out the same.
+    import json
+
+    from rstar2_trainer.config import TrainerConfig
+
+    for overrides in ([], ["engine={kind: hf}"], ["engine.max_num_seqs=8", "run.seed=5"]):
+        config = load_config("tiny", overrides)
+        written = json.loads(config.model_dump_json())
+        assert written["engine"]["kind"] in ("vllm", "hf") and "model" not in written["engine"]
+        again = TrainerConfig.model_validate(written)
+        for replica in (0, 1):
+            assert again.engine_for("/m", replica) == config.engine_for("/m", replica)

@@ -236,7 +236,7 @@ def test_colocating_cpu_engines_is_refused_before_any_actor_starts(tmp_path):
     with pytest.raises(
         ClusterError, match=r"colocate needs GPU engines .* cluster.gpus_per_engine >= 1"
     ):
-        asyncio.run(start_engines(config, cluster, tmp_path, 2048))
+        asyncio.run(start_engines(config, cluster, tmp_path))
 
 
 @pytest.mark.slow
@@ -273,7 +273,9 @@ def test_train_workers_match_one_process_and_feed_the_engine(tmp_path):
         max_grad_norm=0.5,
     )
 
-    config = load_config("tiny", [*SMALL, "engine.kv_cache_memory_bytes=4194304"])
+    config = load_config(
+        "tiny", [*SMALL, "engine.kv_cache_memory_bytes=4194304", "engine.max_model_len=2048"]
+    )
     cluster = ClusterConfig(num_cpus=4, engines_per_node=1)
 
     async def scenario() -> dict:
@@ -283,7 +285,7 @@ def test_train_workers_match_one_process_and_feed_the_engine(tmp_path):
         try:
             result = await group.step(rows, sft_loss, **step)
             state = dict(await (await group.state_ref()))
-            (engine,) = await start_engines(config, cluster, model_dir, 2048)
+            (engine,) = await start_engines(config, cluster, model_dir)
             try:
                 times = await sync_to_engines(group, [engine])
                 prompt = rows[0].prompt_ids

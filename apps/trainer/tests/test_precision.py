@@ -144,7 +144,9 @@ def test_device_and_dtype_settings():
     fsdp = distributed_config(config.train, activation_checkpointing=True)
     assert (fsdp.param_dtype, fsdp.reduce_dtype) == ("bfloat16", "float32")
     with pytest.raises(ConfigError, match=r"^engine.dtype float32 differs from train.dtype"):
-        load_config("tiny", ["train.dtype=bfloat16"])
+        load_config("tiny", ["train.dtype=bfloat16", "engine.dtype=float32"])
+    # an engine.dtype left unset is train.dtype's
+    assert load_config("tiny", ["train.dtype=bfloat16"]).engine.dtype == "bfloat16"
 
 
 @pytest.mark.slow

@@ -234,6 +234,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
             "model.layers=2",
             "model.vocab_size=1024",
             "engine.kv_cache_memory_bytes=4194304",
+            "engine.max_model_len=2048",
             "cluster.kind=ray",
             "cluster.num_cpus=4",
             "cluster.train_workers=2",
@@ -254,7 +255,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
             assert workers is not None
             out["metrics"] = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
             out["state"] = dict(await workers.group.full_state())
-            (engine,) = await start_engines(config, cluster, model_dir, 2048)
+            (engine,) = await start_engines(config, cluster, model_dir)
             try:
                 out["sync"] = await workers.sync(SimpleNamespace(engines=[engine]))
                 out["tokens"] = (await engine.generate(prompt, greedy, "after")).token_ids

@@ -96,6 +96,22 @@ def test_an_unreachable_sandbox_is_one_line(tiny_model: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--engine-option", "max_num_seqs=0"], "invalid setting max_num_seqs: Input should be"),
+        (["--engine", "hf", "--engine-option", "enforce_eager=false"], "setting enforce_eager"),
+    ],
+)
+def test_engine_settings_are_the_engine_config_and_mistakes_are_one_line(
+    tiny_model: Path, args: list[str], line: str
+) -> None:
+    out = _serve("--model", str(tiny_model), "--sandbox", "local", "--port", "0", *args)
+    assert out.returncode == 2
+    (only,) = out.stderr.strip().splitlines()
+    assert only.startswith("rstar2-rollout: ") and line in only
+
+
 # ---------------------------------------------------------------- weights on the wire
 
 

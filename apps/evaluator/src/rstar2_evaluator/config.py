@@ -12,8 +12,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
+from rstar2_rollout import EngineConfig, OpenAIEngineConfig
 from rstar2_sandbox import LocalSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
 
@@ -38,16 +48,64 @@ class LocalModel(_Frozen):
 
     kind: Literal["local"] = "local"
     path: str = Field(description="The folder with config.json, weights and tokenizer.")
-    engine: Literal["auto", "vllm", "transformers"] = Field(
-        default="auto", description="auto: vLLM when installed, else transformers."
+    engine: EngineConfig | None = Field(
+        default=None,
+        description="rstar2-rollout's EngineConfig (kind: vllm | hf; `model.engine=hf` for short); "
+        "None, written auto: vllm when installed, else hf. Its model, context, seed and KV size are "
+        "the evaluation's unless set here.",
     )
     max_model_len: int | None = Field(
         default=None,
         gt=0,
-        description="Prompt plus response limit; None: the response budget + 4096, capped by the "
-        "model's own.",
+        description="Prompt plus response limit; None: engine.max_model_len where set, else the "
+        "response budget + 4096, capped by the model's own.",
     )
-    kv_cache_gib: float = Field(default=4.0, gt=0, description="vLLM's KV-cache size in GiB.")
+    kv_cache_gib: float = Field(
+        default=4.0, gt=0, description="vLLM's KV-cache size in GiB (engine.kv_cache_memory_bytes)."
+    )
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_by_name(cls, value: Any) -> Any:
+        # `model.engine=vllm` names a kind with its defaults; `transformers` is hf's old name.
+        if isinstance(value, str):
+            return None if value == "auto" else {"kind": "hf" if value == "transformers" else value}
+        if isinstance(value, dict) and "kind" not in value:
+            raise ValueError(
+                "model.engine with settings needs its kind (vllm or hf), e.g. "
+                "model.engine.kind=vllm"
+            )
+        return value
+
+    @field_serializer("engine")
+    def _engine_as_written(self, engine: Any, info: SerializationInfo) -> Any:
+        # What was set, not the defaults, so a run's identity does not move with rstar2-rollout's
+        # defaults; a kind alone is written by name, as before (auto, vllm, hf).
+        if engine is None:
+            return "auto"
+        written = engine.model_dump(mode=info.mode, exclude_unset=True)
+        return {"kind": engine.kind, **written} if set(written) - {"kind"} else engine.kind
+
+    @model_validator(mode="after")
+    def _one_setting_each(self) -> LocalModel:
+        engine = self.engine
+        if engine is None:
+            return self
+        if isinstance(engine, OpenAIEngineConfig):  # a served model, not a folder run here
+            raise ValueError(
+                "model.engine.kind openai is a served model: give its URL as MODEL "
+                "(rstar2-eval run http://HOST:PORT/v1 BENCH model.tokenizer=FOLDER)"
+            )
+        explicit = engine.model_fields_set
+        if "model" in explicit:
+            raise ValueError("model.engine.model: the engine runs model.path; remove it")
+        if "max_model_len" in explicit and "max_model_len" in self.model_fields_set:
+            raise ValueError("set model.max_model_len or model.engine.max_model_len, not both")
+        if "kv_cache_memory_bytes" in explicit and "kv_cache_gib" in self.model_fields_set:
+            raise ValueError(
+                "set model.kv_cache_gib or model.engine.kv_cache_memory_bytes, not both"
+            )
+        return self
 
 
 class EndpointModel(_Frozen):

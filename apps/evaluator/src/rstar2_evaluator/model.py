@@ -2,9 +2,11 @@
 
 `check_model` fails fast with one line (`ModelError`) when the folder is not a model or the
 endpoint does not answer, so that an evaluation never opens its run directory for a model it
-cannot reach. The engines themselves are rstar2-rollout's (`build_engine`): vLLM in-process for a
-local folder (transformers where vLLM is not installed, or when asked), the OpenAI-compatible
-HTTP engine for an endpoint. Not covered: starting a server for the model.
+cannot reach. The engines themselves are rstar2-rollout's (`EngineConfig`, built by
+`build_engine`): for a local folder, `model.engine` (auto: vLLM in-process where it is installed,
+else transformers) with the folder, the context, the seed and the KV size filled in where it
+leaves them unset; the OpenAI-compatible HTTP engine for an endpoint. Not covered: starting a
+server for the model.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ class ModelError(ValueError):
     """The model cannot be used as given; the message is one actionable line."""
 
 
-def _context_length(model: LocalModel, response_tokens: int) -> int:
+def _context_length(model: LocalModel, engine: EngineConfig, response_tokens: int) -> int:
     if model.max_model_len is not None:
         return model.max_model_len
+    explicit = engine.model_dump(include=engine.model_fields_set)
+    if explicit.get("max_model_len") is not None:
+        return int(explicit["max_model_len"])
     try:
         config = json.loads((Path(model.path) / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -112,20 +117,20 @@ def check_model(config: EvalConfig) -> tuple[EngineConfig, int | None]:
             "folder or an http(s):// endpoint URL"
         )
     _check_system_prompt(Path(model.path), config.system_prompt)
-    context = _context_length(model, config.max_response_tokens)
-    kind = model.engine
-    if kind == "auto":
-        kind = "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
-    if kind == "vllm":
-        engine = VLLMEngineConfig(
-            model=model.path,
-            max_model_len=context,
-            kv_cache_memory_bytes=int(model.kv_cache_gib * (1 << 30)),
-            max_num_seqs=min(config.concurrency, 256),
-            seed=config.seed,
-        )
-        return engine, context
-    return HFEngineConfig(model=model.path), context
+    engine = model.engine or _auto_engine()
+    context = _context_length(model, engine, config.max_response_tokens)
+    filled = engine.fill(
+        model=model.path,
+        max_model_len=context,
+        seed=config.seed,
+        kv_cache_memory_bytes=int(model.kv_cache_gib * (1 << 30)),
+    )
+    return filled, context
+
+
+def _auto_engine() -> EngineConfig:
+    """vLLM where it is installed, else transformers; each with rstar2-rollout's defaults."""
+    return VLLMEngineConfig() if importlib.util.find_spec("vllm") is not None else HFEngineConfig()
 
 
 def load_tokenizer(config: EvalConfig) -> Any:

@@ -22,12 +22,25 @@ from typing import Any
 
 import torch
 
-from rstar2_rollout import ChatFormat, Engine, RolloutWorker, WorkerConfig, system_prompt
+from rstar2_rollout import (
+    ChatFormat,
+    Engine,
+    RolloutWorker,
+    WorkerConfig,
+    build_engine,
+    system_prompt,
+)
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.worker import agent_producer
 from rstar2_sandbox import Sandbox, open_sandbox
 from rstar2_trainer.collect import TrajectorySource
-from rstar2_trainer.config import ConfigError, PretrainedModelConfig, ServiceConfig, TrainerConfig
+from rstar2_trainer.config import (
+    ConfigError,
+    PretrainedModelConfig,
+    ServiceConfig,
+    TrainerConfig,
+    context_tokens,
+)
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.remote import RemoteWorkers
 from rstar2_trainer.servers import ChildServer, RunToken, console_script, service_token
@@ -112,47 +125,26 @@ def load_policy(model_dir: Path) -> tuple[Any, Any]:
 def check_local_engines(config: TrainerConfig) -> None:
     """Refuse what the local engines cannot do on this machine, before anything starts."""
     local = config.cluster is None and config.remote is None
-    several = config.engine.kind == "vllm" and config.engine.replicas > 1
+    several = config.engine.kind == "vllm" and config.engine_replicas > 1
     if local and several and not torch.cuda.is_available():
         raise ConfigError(
-            "engine.replicas > 1: the CPU build of vLLM runs one engine per process (two in "
-            "one corrupt each other's output); use engine.replicas: 1, or the cluster mode, "
+            "engine_replicas > 1: the CPU build of vLLM runs one engine per process (two in "
+            "one corrupt each other's output); use engine_replicas: 1, or the cluster mode, "
             "which runs each engine in its own Ray actor"
         )
 
 
-def build_engines(config: TrainerConfig, model_dir: Path, model: Any, tokenizer: Any) -> list:
-    max_len = max_model_len(config)
-    engines: list[Engine] = []
-    for i in range(config.engine.replicas):
-        if config.engine.kind == "vllm":
-            from rstar2_rollout.config import VLLMEngineConfig
-            from rstar2_rollout.engines.vllm import VLLMEngine
-
-            vcfg = VLLMEngineConfig(
-                model=str(model_dir),
-                kv_cache_memory_bytes=config.engine.kv_cache_memory_bytes,
-                max_model_len=max_len,
-                max_num_seqs=config.engine.max_num_seqs,
-                seed=config.run.seed + i,
-                dtype=config.engine.dtype,
-            )
-            engines.append(VLLMEngine(vcfg, name=f"vllm-{i}"))
-        else:
-            import copy
-
-            from rstar2_rollout.engines.hf import HFEngine
-
-            engines.append(HFEngine(copy.deepcopy(model), tokenizer, name=f"hf-{i}"))
-    return engines
+def build_engines(config: TrainerConfig, model_dir: Path) -> list[Engine]:
+    """`engine_replicas` engines on the policy's folder, built by rstar2-rollout's factory."""
+    return [
+        build_engine(config.engine_for(str(model_dir), replica=i), name=f"{config.engine.kind}-{i}")
+        for i in range(config.engine_replicas)
+    ]
 
 
 def max_model_len(config: TrainerConfig) -> int:
-    """Engine context: the longest response budget of any stage or evaluation, plus the prompt."""
-    from rstar2_curriculum import StagePlan
-
-    longest = max(s.max_response_tokens for s in StagePlan.from_config(config.curriculum).stages)
-    return max(config.eval.max_response_tokens, longest) + 1024
+    """The engines' context: engine.max_model_len where the recipe sets it, else `context_tokens`."""
+    return int(getattr(config.engine_for("", replica=0), "max_model_len", context_tokens(config)))
 
 
 def grpc_healthy(address: str) -> bool:
@@ -222,7 +214,7 @@ async def open_parts(
             yield Parts(model_dir, model, tokenizer, [], remote, None, scorer, servers, remote)
             return
         sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
-        engines = [EngineMeter(e) for e in build_engines(config, model_dir, model, tokenizer)]
+        engines = [EngineMeter(e) for e in build_engines(config, model_dir)]
         for engine in engines:
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)

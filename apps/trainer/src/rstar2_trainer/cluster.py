@@ -5,7 +5,7 @@ trainer's loop does not change:
 
     driver (this process)            every node (Ray actors)
       policy model + optimizer         NodeServers: rstar2-sandbox serve, rstar2-verify serve
-      Scheduler (KV-aware)  ------->   EngineActor x engines_per_node: vLLM (TP = gpus_per_engine)
+      Scheduler (KV-aware)  ------->   EngineActor x engines_per_node: `engine` (TP = gpus_per_engine)
       SandboxClient(all nodes)  ---->  sandbox servers (spread by load, fail over)
       VerifyPool(all nodes)  ------->  verify servers
 
@@ -17,6 +17,9 @@ trainer's loop does not change:
   tensors); every other engine gets the same object until the weights change (tracked by each
   tensor's storage and in-place version counter). Each actor loads it and resets its prefix cache;
   `sync_weights` runs all engines at once and returns the seconds of the put and the slowest load.
+- Each actor builds its engine with rstar2-rollout's `build_engine` from `config.engine_for`: the
+  recipe's `engine` section, with the policy's folder, context, seed, tensor parallelism and sleep
+  mode filled in where the recipe leaves them unset.
 - Tensor parallel: an engine actor holds `gpus_per_engine` GPUs (Ray's `num_gpus`, so Ray sets
   its CUDA_VISIBLE_DEVICES to them) and its vLLM engine runs `tensor_parallel_size =
   gpus_per_engine` worker processes on them.
@@ -45,13 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
-from rstar2_trainer.build import (
-    Parts,
-    load_policy,
-    local_source,
-    max_model_len,
-    prepare_model_dir,
-)
+from rstar2_trainer.build import Parts, load_policy, local_source, prepare_model_dir
 from rstar2_trainer.config import ClusterConfig, TrainerConfig
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.servers import RunToken
@@ -154,7 +151,9 @@ class RayEngine:
         except RayError as exc:
             reason = f"engine actor {self.name} failed: {type(exc).__name__}: {exc}"
             return Generation([], finish_reason="error", error=reason.splitlines()[0])
-        if self._progress is None or progress.step >= self._progress.step:
+        if progress is not None and (
+            self._progress is None or progress.step >= self._progress.step
+        ):
             self._progress = progress  # answers may arrive out of order: keep the newest
         return out
 
@@ -324,10 +323,9 @@ def _check_engine_support(cluster: ClusterConfig) -> None:
 
 
 async def start_engines(
-    config: TrainerConfig, cluster: ClusterConfig, model_dir: Path, max_model_len: int
+    config: TrainerConfig, cluster: ClusterConfig, model_dir: Path
 ) -> list[RayEngine]:
     """`engines_per_node` engine actors on each node with room; wait until all have started."""
-    from rstar2_rollout.config import VLLMEngineConfig
     from rstar2_trainer.engine_actor import EngineActor
 
     ray = _ray()
@@ -336,14 +334,10 @@ async def start_engines(
     actors, names = [], []
     for n, node in enumerate(engine_nodes(cluster)):
         for i in range(cluster.engines_per_node):
-            name = f"vllm-{n}-{i}"
-            vcfg = VLLMEngineConfig(
-                model=str(model_dir),
-                kv_cache_memory_bytes=config.engine.kv_cache_memory_bytes,
-                max_model_len=max_model_len,
-                max_num_seqs=config.engine.max_num_seqs,
-                seed=config.run.seed + len(actors),
-                dtype=config.engine.dtype,
+            name = f"{config.engine.kind}-{n}-{i}"
+            engine = config.engine_for(
+                str(model_dir),
+                replica=len(actors),
                 tensor_parallel_size=max(1, cluster.gpus_per_engine),
                 enable_sleep_mode=cluster.colocate,
             )
@@ -356,7 +350,7 @@ async def start_engines(
                     # OpenMP and torch must agree: vLLM's CPU attention checks that they do.
                     runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cluster.engine_threads)}},
                 )
-                .remote(vcfg, name, cluster.engine_threads)
+                .remote(engine, name, cluster.engine_threads)
             )
             actors.append(actor)
             names.append(name)
@@ -392,8 +386,6 @@ async def open_cluster_parts(
     from rstar2_sandbox.client import SandboxClient
 
     placement: ClusterConfig = cluster or getattr(config, "cluster", None) or ClusterConfig()
-    if config.engine.kind != "vllm":
-        raise ClusterError("cluster mode runs vLLM engines; set engine.kind: vllm")
     async with contextlib.AsyncExitStack() as stack:
         if connect(placement):
             stack.callback(_ray().shutdown)
@@ -405,7 +397,7 @@ async def open_cluster_parts(
         stack.push_async_callback(sandbox.close)
         verifier = Verifier(_client=VerifyPool([n["verify"] for n in nodes], token.value))
         stack.push_async_callback(verifier.close)
-        started = await start_engines(config, placement, model_dir, max_model_len(config))
+        started = await start_engines(config, placement, model_dir)
         engines = [EngineMeter(e) for e in started]
         for engine in engines:
             stack.push_async_callback(engine.close)

@@ -10,11 +10,21 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from rstar2_algos import AlgoConfig, GrpoRocConfig
 from rstar2_curriculum import CurriculumConfig, SFTSources
-from rstar2_rollout import RolloutConfig, SchedulerConfig
+from rstar2_rollout import EngineConfig, RolloutConfig, SchedulerConfig, VLLMEngineConfig
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
 
@@ -134,20 +144,6 @@ class TrainSettings(_Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description="bfloat16: autocast forward/backward, fp32 master weights and optimizer state.",
-    )
-
-
-class EngineSettings(_Section):
-    """The rollout engine: vLLM in-process (the CPU build here), or transformers."""
-
-    kind: Literal["vllm", "hf"] = Field(default="vllm", description="Which engine to run.")
-    replicas: int = Field(
-        default=1, gt=0, description="Engine replicas the scheduler spreads over."
-    )
-    kv_cache_memory_bytes: int = Field(default=256 << 20, gt=0, description="KV cache per replica.")
-    max_num_seqs: int = Field(default=64, gt=0, description="Sequences decoded in one step.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Engine weights; match the trainer's so sync is exact."
     )
 
 
@@ -334,7 +330,18 @@ class TrainerConfig(_Section):
     train: TrainSettings = Field(
         default_factory=TrainSettings, description="Training device and precision."
     )
-    engine: EngineSettings = Field(default_factory=EngineSettings, description="Rollout engine.")
+    engine: EngineConfig = Field(
+        default_factory=VLLMEngineConfig,
+        validate_default=True,  # the default engine takes train.dtype too
+        description="The rollout engine, rstar2-rollout's `EngineConfig` (kind: vllm | hf); its "
+        "model, context, seed and dtype are the run's unless set here (`engine_for`).",
+    )
+    engine_replicas: int = Field(
+        default=1,
+        gt=0,
+        description="Local engines the scheduler spreads over (cluster: cluster.engines_per_node; "
+        "remote: the workers' own).",
+    )
     scheduler: SchedulerConfig = Field(
         default_factory=SchedulerConfig, description="Placement of trajectories on engines."
     )
@@ -374,6 +381,19 @@ class TrainerConfig(_Section):
             raise ValueError("set cluster or remote, not both")
         return self
 
+    @field_validator("engine")
+    @classmethod
+    def _engine_in_training_precision(cls, engine: Any, info: ValidationInfo) -> Any:
+        # An engine with a dtype left unset takes train.dtype (checked below when it is set).
+        train = info.data.get("train")
+        return engine.fill(dtype=train.dtype) if isinstance(train, TrainSettings) else engine
+
+    @field_serializer("engine")
+    def _engine_as_written(self, engine: Any, info: SerializationInfo) -> dict[str, Any]:
+        # What the recipe set, not the defaults: a reloaded config (`--resume`) fills the rest
+        # exactly as the first run did (`engine_for`).
+        return {"kind": engine.kind, **engine.model_dump(mode=info.mode, exclude_unset=True)}
+
     @model_validator(mode="after")
     def _only_what_the_trainer_honours(self) -> TrainerConfig:
         # Settings that would validate but do nothing, or fail only after SFT, are refused here.
@@ -401,15 +421,74 @@ class TrainerConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _engine_matches_training_precision(self) -> TrainerConfig:
+    def _engine_can_be_trained(self) -> TrainerConfig:
+        engine = self.engine
+        if not engine.takes_weight_updates:
+            raise ValueError(
+                f"engine.kind {engine.kind} cannot load the trainer's weights; "
+                "use engine.kind: vllm or hf"
+            )
+        if getattr(engine, "model", None) is not None:
+            raise ValueError(
+                "engine.model: the engines run the policy being trained (the model section); "
+                "remove engine.model"
+            )
         # Rollout logprobs and the update must see one precision of the weights; a vLLM engine's
         # loader casts the synced fp32 master weights to its dtype, as autocast does in training.
-        if self.engine.kind == "vllm" and self.engine.dtype != self.train.dtype:
+        dtype = getattr(engine, "dtype", self.train.dtype)
+        if dtype != self.train.dtype:
             raise ValueError(
-                f"engine.dtype {self.engine.dtype} differs from train.dtype {self.train.dtype}; "
+                f"engine.dtype {dtype} differs from train.dtype {self.train.dtype}; "
                 f"set engine.dtype: {self.train.dtype}"
             )
+        needed = context_tokens(self)
+        context = getattr(engine, "max_model_len", needed)
+        if "max_model_len" in engine.model_fields_set and context < needed:
+            raise ValueError(
+                f"engine.max_model_len {context} is below the {needed} tokens the "
+                "longest stage or evaluation needs (its budget + 1024); raise it or leave it unset"
+            )
         return self
+
+    @model_validator(mode="after")
+    def _engine_fits_the_cluster(self) -> TrainerConfig:
+        if self.cluster is None:
+            return self
+        engine, cluster = self.engine, self.cluster
+        explicit = {k: getattr(engine, k) for k in engine.model_fields_set}
+        tp = max(1, cluster.gpus_per_engine)
+        if explicit.get("tensor_parallel_size", tp) != tp:
+            raise ValueError(
+                f"engine.tensor_parallel_size differs from the {tp} GPU(s) of "
+                "cluster.gpus_per_engine; leave it unset (the cluster sets it)"
+            )
+        if cluster.colocate and explicit.get("enable_sleep_mode") is False:
+            raise ValueError(
+                "cluster.colocate needs engines that sleep; remove engine.enable_sleep_mode"
+            )
+        return self
+
+    def engine_for(self, model_dir: str, replica: int, **placement: Any) -> EngineConfig:
+        """Replica `replica`'s engine config: what the recipe left unset is the run's (the
+        policy's folder, the context of `context_tokens`, the seed run.seed + replica) or the
+        placement's (a cluster's tensor parallelism and sleep mode)."""
+        return self.engine.fill(
+            model=model_dir,
+            max_model_len=context_tokens(self),
+            seed=self.run.seed + replica,
+            **placement,
+        )
+
+
+def context_tokens(config: TrainerConfig) -> int:
+    """Engine context: the longest response budget of any stage or evaluation, plus the prompt."""
+    from rstar2_curriculum import StagePlan
+
+    longest = max(s.max_response_tokens for s in StagePlan.from_config(config.curriculum).stages)
+    longest = max(longest, config.eval.max_response_tokens)
+    if config.eval.sources:  # benchmark files are evaluated with their own budget
+        longest = max(longest, config.eval.benchmark.max_response_tokens)
+    return longest + 1024
 
 
 def recipes() -> list[str]:
@@ -449,7 +528,15 @@ def load_config(recipe: str | Path = "tiny", overrides: list[str] | None = None)
         err = exc.errors()[0]
         if not err["loc"]:  # a check across sections: its message says what to set
             raise ConfigError(str(err["msg"]).removeprefix("Value error, ")) from None
-        where = ".".join(str(p) for p in err["loc"])
+        loc, kind = err["loc"], ""
+        if loc[0] == "engine" and len(loc) > 2:  # drop the union's tag: engine.vllm.x -> engine.x
+            tag, loc = loc[1], (loc[0], *loc[2:])
+            kind = f" for engine.kind {tag}"
+            if err["type"] == "extra_forbidden":  # most often a kind switched by an override
+                kind += f" (to switch kinds, replace the section: 'engine={{kind: {tag}}}')"
+        where = ".".join(str(p) for p in loc)
+        if where == "engine.replicas":
+            raise ConfigError("engine.replicas is now engine_replicas (a top-level key)") from None
         if err["type"] == "extra_forbidden":
-            raise ConfigError(f"unknown key {where!r} in {path.name}") from None
+            raise ConfigError(f"unknown key {where!r}{kind} in {path.name}") from None
         raise ConfigError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None

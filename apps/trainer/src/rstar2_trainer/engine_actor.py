@@ -1,13 +1,14 @@
-"""What runs inside Ray actors: a vLLM engine replica, and one node's sandbox and verify servers.
+"""What runs inside Ray actors: an engine replica, and one node's sandbox and verify servers.
 
-`EngineActor` hosts the rollout package's `VLLMEngine` in an async Ray actor. It answers one
-generation turn at a time (any number concurrently: they share vLLM's running batch), reports
-its KV-cache capacity and the progress of its running requests with every answer so the driver's
-scheduler sees fresh numbers without a blocking call (an old progress report is safe to admit on:
-requests look further from their end than they are), and loads new weights from the object
-store, reporting the seconds it took. Sleep and wake (free the GPU for a colocated update) call
-the engine's `sleep(level)` / `wake_up(tags)`; the engine must be built with `enable_sleep_mode`
-(vLLM offers it on CUDA and ROCm only).
+`EngineActor` builds the engine its `EngineConfig` names with rstar2-rollout's `build_engine`,
+inside an async Ray actor (so any engine kind the rollout package offers runs here; the recipes
+use vLLM). It answers one generation turn at a time (any number concurrently: they share the
+engine's running batch), reports its KV-cache capacity and, for a `ProgressEngine`, the progress
+of its running requests with every answer so the driver's scheduler sees fresh numbers without a
+blocking call (an old progress report is safe to admit on: requests look further from their end
+than they are), and loads new weights from the object store, reporting the seconds it took.
+Sleep and wake (free the GPU for a colocated update) call a `SleepingEngine`'s `sleep(level)` /
+`wake_up(tags)`; a vLLM engine must be built with `enable_sleep_mode` (CUDA and ROCm only).
 
 `NodeServers` starts `rstar2-sandbox serve` and `rstar2-verify serve` as child processes of the
 actor on its node's IP address with free ports (the paper ran its code environment on the
@@ -28,22 +29,28 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_proto.auth import write_token_file
-from rstar2_rollout.config import VLLMEngineConfig
-from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
+from rstar2_rollout import (
+    EngineConfig,
+    EngineProgress,
+    Generation,
+    KVCapacity,
+    ProgressEngine,
+    SamplingParams,
+    SleepingEngine,
+    build_engine,
+)
 from rstar2_trainer.servers import ChildServer, console_script
 
 
 class EngineActor:
-    """A `VLLMEngine` replica; methods mirror the `Engine` Protocol, plus capacity and timings."""
+    """An engine replica; methods mirror the `Engine` Protocol, plus capacity and timings."""
 
-    def __init__(self, config: VLLMEngineConfig, name: str, threads: int = 1) -> None:
+    def __init__(self, config: EngineConfig, name: str, threads: int = 1) -> None:
         import torch
-
-        from rstar2_rollout.engines.vllm import VLLMEngine
 
         torch.set_num_threads(threads)
         self.name = name
-        self._engine = VLLMEngine(config, name=name)
+        self._engine = build_engine(config, name=name)
 
     def where(self) -> dict[str, str]:
         """The node this engine runs on: its IP address and Ray node id."""
@@ -57,14 +64,16 @@ class EngineActor:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
-    ) -> tuple[Generation, KVCapacity | None, EngineProgress]:
+    ) -> tuple[Generation, KVCapacity | None, EngineProgress | None]:
         """One turn, and the capacity and progress right after it (the driver caches them for
         the scheduler)."""
         out = await self._engine.generate(prompt_ids, params, request_id)
-        return out, self._engine.kv_capacity(), self._engine.progress()
+        return out, self._engine.kv_capacity(), self.progress()
 
-    def progress(self) -> EngineProgress:
-        return self._engine.progress()
+    def progress(self) -> EngineProgress | None:
+        """How far the running requests are; None for an engine that cannot tell."""
+        engine = self._engine
+        return engine.progress() if isinstance(engine, ProgressEngine) else None
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
         """Load the weights (already fetched from the object store by Ray); return seconds."""
@@ -73,14 +82,17 @@ class EngineActor:
         return time.perf_counter() - start
 
     def can_sleep(self) -> bool:
-        return self._engine.can_sleep
+        return isinstance(self._engine, SleepingEngine) and self._engine.can_sleep
 
     async def sleep(self, level: int = 1) -> None:
         """Free accelerator memory for an update (1: offload weights, 2: drop them too)."""
+        assert isinstance(self._engine, SleepingEngine), "the driver sleeps only can_sleep engines"
         await self._engine.sleep(level)
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         """Restore `tags` ("weights", "kv_cache"; None: all); True once fully awake."""
+        if not isinstance(self._engine, SleepingEngine):
+            return True
         await self._engine.wake_up(tags)
         return not self._engine.sleeping
 

@@ -1,9 +1,11 @@
 """The `rstar2-rollout` command: `serve` a node's engines as a rollout worker, `info` about one.
 
 Contract. `serve` binds its port first (a port in use fails at once), checks the sandbox answers,
-builds N engines on the model folder (vLLM in-process, the CPU build on a CPU-only machine, or
-transformers), and serves rollout.v1 until SIGTERM or SIGINT, then stops the server, the
-scheduler and the engines. Once ready it prints `listening on HOST:PORT` on stdout (port 0 picks a
+builds N engines on the model folder and serves rollout.v1 until SIGTERM or SIGINT, then stops
+the server, the scheduler and the engines. The engine is an `EngineConfig` like everywhere else:
+`--engine KIND` (vllm: in-process, the CPU build on a CPU-only machine; hf: transformers), the
+common flags, and `--engine-option KEY=VALUE` for any other field of that kind; what is not given
+is rstar2-rollout's default. Once ready it prints `listening on HOST:PORT` on stdout (port 0 picks a
 free port; a parent process reads that line). The agent loop's settings (system prompt, tool
 output truncation, tool timeout) are the worker's own flags and must match the trainer's recipe;
 a request carries sampling, budget, turns and seed. A user mistake (no model folder, a port in
@@ -27,19 +29,18 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from rstar2_rollout.config import (
-    HFEngineConfig,
+    EngineConfig,
     KVAwarePolicy,
     KVProgressPolicy,
     LeastRequestsPolicy,
     RolloutConfig,
     SchedulerConfig,
     StaticPolicy,
-    VLLMEngineConfig,
     WorkerConfig,
 )
 
@@ -48,28 +49,40 @@ class UsageError(Exception):
     """A mistake the user can fix; printed as one line."""
 
 
-def _engine_configs(args: argparse.Namespace) -> list[VLLMEngineConfig | HFEngineConfig]:
+def _engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """`--engines` configs of kind `--engine`: engine i seeded `--seed` + i."""
     model = Path(args.model)
     if not (model / "config.json").is_file():
         raise UsageError(f"no model at {model}: expected a folder with config.json and weights")
+    flags = {
+        "dtype": args.dtype,
+        "max_model_len": args.max_model_len,
+        "kv_cache_memory_bytes": args.kv_cache_bytes,
+        "max_num_seqs": args.max_num_seqs,
+    }
+    # unset flags, and --dtype auto, leave the kind's default (hf's is float32)
+    given = {key: value for key, value in flags.items() if value not in (None, "auto")}
     try:
-        if args.engine == "hf":
-            dtype = "float32" if args.dtype == "auto" else args.dtype
-            return [HFEngineConfig(model=str(model), dtype=dtype)] * args.engines
+        options = dict(_option(text) for text in args.engine_option)
+        if "model" in options:
+            raise UsageError("--engine-option model: the engines run --model; drop the option")
+        chosen = TypeAdapter(EngineConfig).validate_python({"kind": args.engine, **options})
         return [
-            VLLMEngineConfig(
-                model=str(model),
-                kv_cache_memory_bytes=args.kv_cache_bytes,
-                max_model_len=args.max_model_len,
-                max_num_seqs=args.max_num_seqs,
-                dtype=args.dtype,
-                seed=args.seed + i,
-            )
-            for i in range(args.engines)
+            chosen.fill(model=str(model), seed=args.seed + i, **given) for i in range(args.engines)
         ]
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise UsageError(f"invalid setting {first['loc'][0]}: {first['msg']}") from None
+        raise UsageError(f"invalid setting {first['loc'][-1]}: {first['msg']}") from None
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--engine-option {text!r} is not KEY=VALUE")
+    try:
+        return key, json.loads(raw)  # numbers, true/false, null; anything else is a string
+    except ValueError:
+        return key, raw
 
 
 def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig, WorkerConfig]:
@@ -120,7 +133,7 @@ async def _open_sandbox(address: str, token: str | None = None) -> Any:
     return client
 
 
-def _build_engines(configs: list[VLLMEngineConfig | HFEngineConfig]) -> list[Any]:
+def _build_engines(configs: list[EngineConfig]) -> list[Any]:
     from rstar2_rollout.engines import build_engine
 
     engines = []
@@ -164,10 +177,6 @@ async def _serve(args: argparse.Namespace) -> None:
             " worker per engine with --engines 1; the trainer spreads problems across workers"
         )
     rollout, scheduling, limits = _settings(args)
-    if args.engine == "hf" and args.policy.startswith("kv_") and args.kv_tokens is None:
-        # transformers reports no KV cache: let each engine hold a few full-length trajectories
-        policy = scheduling.policy.model_copy(update={"kv_tokens_fallback": 4 * args.max_model_len})
-        scheduling = SchedulerConfig(policy=policy)
     token = _token(args.token_file)
     sandbox_token = _token(args.sandbox_token_file) if args.sandbox_token_file else token
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -197,6 +206,11 @@ async def _serve(args: argparse.Namespace) -> None:
         engines = _build_engines(configs)
         for engine in engines:
             stack.push_async_callback(engine.close)
+        blind = any(engine.kv_capacity() is None for engine in engines)
+        if blind and args.policy.startswith("kv_") and args.kv_tokens is None:
+            # an engine that reports no KV cache (transformers) holds a few full trajectories
+            update = {"kv_tokens_fallback": 4 * args.max_model_len}
+            scheduling = SchedulerConfig(policy=scheduling.policy.model_copy(update=update))
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -263,6 +277,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# The kinds of EngineConfig a worker can serve: those that take the trainer's weights.
+_ENGINE_KINDS = [
+    config.model_fields["kind"].default
+    for config in get_args(get_args(EngineConfig)[0])
+    if config.takes_weight_updates
+]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rstar2-rollout", description="Rollout worker: a node's engines behind rollout.v1."
@@ -274,7 +296,16 @@ def _parser() -> argparse.ArgumentParser:
         "--sandbox", required=True, help="HOST:PORT of an rstar2-sandbox server, or 'local'"
     )
     serve.add_argument("--engines", type=_positive_int, default=1, help="engine replicas")
-    serve.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    serve.add_argument(
+        "--engine", choices=_ENGINE_KINDS, default="vllm", help="the engine's kind (EngineConfig)"
+    )
+    serve.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other field of the engine's config, e.g. enforce_eager=false (repeatable)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50061, help="0 picks a free port")
     serve.add_argument(
@@ -283,9 +314,11 @@ def _parser() -> argparse.ArgumentParser:
         default="float32",
         help="engine weights; match the trainer's so weight sync is exact",
     )
-    serve.add_argument("--kv-cache-bytes", type=_positive_int, default=256 << 20)
-    serve.add_argument("--max-model-len", type=_positive_int, default=8192)
-    serve.add_argument("--max-num-seqs", type=_positive_int, default=128)
+    serve.add_argument("--kv-cache-bytes", type=_positive_int, help="default: the engine's")
+    serve.add_argument(
+        "--max-model-len", type=_positive_int, default=8192, help="prompt plus response tokens"
+    )
+    serve.add_argument("--max-num-seqs", type=_positive_int, help="default: the engine's")
     serve.add_argument("--seed", type=int, default=0, help="engine i is seeded seed + i")
     serve.add_argument(
         "--policy",

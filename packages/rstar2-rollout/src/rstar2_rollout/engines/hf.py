@@ -36,6 +36,8 @@ class HFEngine:
 
     @classmethod
     def from_config(cls, config: HFEngineConfig, name: str = "hf-0") -> HFEngine:
+        if config.model is None:
+            raise ValueError(f"engine {name} has no model: fill(model=FOLDER) first")
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -103,6 +103,8 @@ class VLLMEngine:
             from vllm.v1.executor import Executor
         except ImportError as exc:
             raise ImportError(_EXTRA_HINT) from exc
+        if config.model is None:
+            raise ValueError(f"engine {name} has no model: fill(model=FOLDER) first")
         if config.enable_sleep_mode and not current_platform.is_sleep_mode_available():
             raise SleepModeUnavailable(
                 f"enable_sleep_mode: vLLM sleep mode needs a CUDA or ROCm build; this vLLM runs "
