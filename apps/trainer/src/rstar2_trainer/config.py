@@ -405,7 +405,8 @@ class TrainerConfig(_Section):
             "seed": "run.seed seeds every step",
         }
         for key, why in set_by_trainer.items():
-            if key in self.rollout.model_fields_set:
+            # A resolved config.yaml carries the defaults: only another value is a mistake.
+            if getattr(self.rollout, key) != RolloutConfig.model_fields[key].default:
                 raise ValueError(f"rollout.{key} is not read by the trainer: {why}; remove it")
         if getattr(self.algo, "kl_coef", 0.0) > 0:
             raise ValueError(
