@@ -3,7 +3,8 @@
 Library packages (everything outside apps/) state version ranges, never `==`, so that they can be
 added to an existing verl or TRL environment; the workspace lock pins. The lock covers Linux
 x86_64, Linux aarch64 and macOS on Apple silicon, and every package the torch-free members need
-there (their tests included) has a wheel for each of the three, read from uv.lock itself.
+there (their tests included) has a wheel for each of the three, read from uv.lock itself. The
+default CPU environment leaves out what torch never loads without a GPU; the GPU extras keep it.
 """
 
 from __future__ import annotations
