@@ -179,8 +179,43 @@ class LeastRequestsPolicy(BaseModel):
     )
 
 
+class PowerOfTwoPolicy(BaseModel):
+    """sglang-router's power of two choices: of two engines drawn at random, the less loaded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["power_of_two"] = "power_of_two"
+    seed: int = Field(default=0, description="Seed of the draws.")
+
+
+class CacheAwarePolicy(BaseModel):
+    """sglang-router's cache-aware routing: where the prompt is cached unless the load is
+    imbalanced (then the shortest queue); no match: the engine with the least cached."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["cache_aware"] = "cache_aware"
+    balance_abs_threshold: int = Field(
+        default=64, ge=0, description="Imbalanced when max - min running exceeds this ..."
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5, ge=1, description="... and max exceeds this many times min."
+    )
+
+
+class LeastTokensPolicy(BaseModel):
+    """Send each job to the engine with the fewest outstanding tokens (KV in use + queued)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["least_tokens"] = "least_tokens"
+
+
 Policy = Annotated[
-    KVAwarePolicy | KVProgressPolicy | StaticPolicy | LeastRequestsPolicy,
+    KVAwarePolicy
+    | KVProgressPolicy
+    | StaticPolicy
+    | LeastRequestsPolicy
+    | PowerOfTwoPolicy
+    | CacheAwarePolicy
+    | LeastTokensPolicy,
     Field(discriminator="kind"),
 ]
 
