@@ -208,8 +208,57 @@ class LeastTokensPolicy(BaseModel):
     kind: Literal["least_tokens"] = "least_tokens"
 
 
+class ForecastPolicy(BaseModel):
+    """A central queue; a job starts where the KV its engine's jobs are forecast to need (from
+    this batch's finished lengths, each job's tokens so far and its finished siblings) fits; the
+    engine preempts if a forecast was short. Longest expected first (see `forecast.py`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["forecast"] = "forecast"
+    quantile: float = Field(
+        default=0.5, ge=0, le=1, description="Quantile of finished lengths taken as the forecast."
+    )
+    min_samples: int = Field(
+        default=16, gt=0, description="Finished jobs longer than a job's tokens so far needed."
+    )
+    prior_share: float = Field(
+        default=0.5, gt=0, le=1, description="Forecast (share of the budget) before that."
+    )
+    headroom: float = Field(
+        default=0.0, ge=0, lt=1, description="Share of each engine's KV cache never planned for."
+    )
+    target_share: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="KV share in use below which an engine that has not preempted takes more.",
+    )
+    max_running_fallback: int = Field(
+        default=256, gt=0, description="Jobs per engine at most where the engine reports none."
+    )
+    backoff: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="An engine that preempted takes new jobs only below this share of its"
+        " running ones (then one more per recheck while it does not preempt).",
+    )
+    recheck_interval_s: float = Field(
+        default=0.5, gt=0, description="How often waiting jobs re-read the engines."
+    )
+    reorder_interval_s: float = Field(
+        default=5.0, ge=0, description="How often the length forecast (and the order) is redone."
+    )
+    order: Literal["fifo", "longest_expected"] = Field(
+        default="fifo",
+        description="Queue order: as submitted, or problems with the longest expected samples"
+        " first (measured slower in the simulator; see SCHEDULER.md).",
+    )
+
+
 Policy = Annotated[
-    KVAwarePolicy
+    ForecastPolicy
+    | KVAwarePolicy
     | KVProgressPolicy
     | StaticPolicy
     | LeastRequestsPolicy

@@ -50,6 +50,7 @@ from typing import Any, Generic, TypeVar
 
 from rstar2_rollout.config import (
     CacheAwarePolicy,
+    ForecastPolicy,
     KVAwarePolicy,
     KVProgressPolicy,
     LeastRequestsPolicy,
@@ -59,6 +60,7 @@ from rstar2_rollout.config import (
     StaticPolicy,
 )
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.forecast import Forecast
 from rstar2_rollout.job import EngineDeadError, EngineStatus, Job, JobResult
 from rstar2_rollout.peers import (
     CacheAware,
@@ -86,6 +88,8 @@ T = TypeVar("T")
 def make_placement(config: SchedulerConfig, pool: Pool) -> Placement:
     """The policy object of `config.policy`, over the engines of `pool` (built once)."""
     p = config.policy
+    if isinstance(p, ForecastPolicy):
+        return Forecast(pool, p)
     if isinstance(p, KVProgressPolicy):
         return KVProgress(pool, p)
     if isinstance(p, KVAwarePolicy):
