@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rstar2_rollout.config import (
+    ForecastPolicy,
     HFEngineConfig,
     KVAwarePolicy,
     KVProgressPolicy,
@@ -80,6 +81,7 @@ def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig,
         policy: Any = {
             "kv_progress": KVProgressPolicy(kv_tokens_fallback=args.kv_tokens),
             "kv_aware": KVAwarePolicy(kv_tokens_fallback=args.kv_tokens),
+            "forecast": ForecastPolicy(),
             "static": StaticPolicy(),
             "least_requests": LeastRequestsPolicy(),
         }[args.policy]
@@ -258,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, default=0, help="engine i is seeded seed + i")
     serve.add_argument(
         "--policy",
-        choices=["kv_progress", "kv_aware", "static", "least_requests"],
+        choices=["kv_progress", "kv_aware", "forecast", "static", "least_requests"],
         default="kv_progress",
     )
     serve.add_argument(

@@ -209,20 +209,17 @@ class LeastTokensPolicy(BaseModel):
 
 
 class ForecastPolicy(BaseModel):
-    """A central queue; a job starts where the KV its engine's jobs are forecast to need (from
-    this batch's finished lengths, each job's tokens so far and its finished siblings) fits; the
-    engine preempts if a forecast was short. Longest expected first (see `forecast.py`)."""
+    """A central queue; a job starts on the least-loaded engine below its limit: the engine's KV
+    over the forecast mean context of a running job (length distribution from this batch's
+    finished and running jobs), backed off when the engine preempts (see `forecast.py`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["forecast"] = "forecast"
-    quantile: float = Field(
-        default=0.5, ge=0, le=1, description="Quantile of finished lengths taken as the forecast."
-    )
-    min_samples: int = Field(
-        default=16, gt=0, description="Finished jobs longer than a job's tokens so far needed."
-    )
     prior_share: float = Field(
-        default=0.5, gt=0, le=1, description="Forecast (share of the budget) before that."
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Mean response length (share of the budget) assumed before any is known.",
     )
     headroom: float = Field(
         default=0.0, ge=0, lt=1, description="Share of each engine's KV cache never planned for."

@@ -1,25 +1,26 @@
-"""The `forecast` policy: a work-conserving central queue, admission on forecast lengths, the
-engine's own preemption as the fallback.
+"""The `forecast` policy: a work-conserving central queue, admission on a forecast of the KV each
+engine's rollouts will hold, the engine's own preemption as the fallback.
 
 Jobs wait in the scheduler's queue, not in an engine's, so none is committed to an engine that is
-busy while another has room. A job starts on the engine with the most room once the KV its jobs
-are *forecast* to need (`kvbound.peak_kv_tokens` over each job's context now and its forecast
-remaining tokens) still fits with the new job at its forecast length, and fewer than the
-engine's `max_running` jobs run there. Turns are not gated: if a forecast is short, the engine
-preempts (vLLM V1: one request, cheaply, with its prefix cached) and nothing is lost but the
-recompute.
+busy while another has room. A job starts on the engine running the fewest jobs, if fewer than
+that engine's limit run there:
 
-- **Forecast of a job's final response length** given `g` tokens so far (sampled plus tool,
-  from the contexts its turns bring and the engine's progress report): the `quantile` of the
-  lengths of this batch's finished jobs longer than `g`; while fewer than `min_samples` such
-  jobs have finished, `prior_share` of the budget (or the whole budget once `g` is past it).
-  A job whose finished siblings (same `Job.group`) ran longer is forecast at least at their
-  median.
-- **Order of the queue** (the tail attack: longest expected first): jobs of problems whose
-  siblings ran long, or still run long, go first; with no information, the samples are dealt
-  one per problem in turn (sample 0 of every problem, then sample 1, ...), so that siblings
-  start at different times and the early ones inform the rest. Re-sorted at most every
-  `reorder_interval_s`.
+- **Forecast limit**: the engine's KV tokens x (1 - `headroom`) over the forecast mean context of
+  a running job, `prompt + E[L^2] / (2 E[L])` (a job is running for as long as it is long and is
+  halfway through on average). The moments of the response length L come from `lengths`, a
+  Kaplan-Meier estimate over this batch's finished jobs (observed) and running jobs (their tokens
+  so far, from the contexts their turns bring and the engine's progress report: censored), with
+  the mass past the last observation at the budget; before anything is known, `prior_share` of
+  the budget. Early in a step, when only short jobs have finished, it leans long.
+- **Feedback**: while the engine's reported KV use and the running jobs' forecast use stay under
+  `target_share`, the limit rises by what fits; when the engine preempts (its progress report
+  counts preemptions) the limit drops to `backoff` x what runs there, then creeps back by one
+  per `recheck_interval_s`.
+- Turns are not gated: a short forecast costs a vLLM-V1 preemption (one request, its prefix
+  cached), not a failure.
+- `order: longest_expected` sorts the queue by the expected length of each problem's samples
+  (finished and running siblings, `Job.group`), dealing samples one per problem in turn while
+  nothing is known; measured slower than FIFO in the simulator, so off by default.
 
 Not covered: aborting stragglers (RoC's oversampling could drop them; that changes which
 trajectories train, so it is the trainer's call), moving a running job.
