@@ -98,3 +98,25 @@ def test_lengths_by_kaplan_meier() -> None:
     assert lengths([2, 4], [], 10) == pytest.approx((3.0, 10.0))
     # one finished at 2, one running past 3: half the mass at 2, the rest at the budget
     assert lengths([2], [3], 10) == pytest.approx((6.0, 52.0))
+
+
+def test_forecast_on_an_engine_that_reports_no_capacity_runs_up_to_its_max_running() -> None:
+    class Blind(SimEngine):
+        def kv_capacity(self):  # type: ignore[override]
+            return None
+
+    engine = Blind("e0", EngineModel(kv_tokens=50_000, max_num_seqs=3))
+    policy = ForecastPolicy()
+
+    async def main():
+        sched: Scheduler[int] = Scheduler([engine], SchedulerConfig(policy=policy))
+        jobs = [
+            Job(lambda e, i=i: run_trajectory(e, spec(f"j{i}", 50, (20,))), 50, 100)
+            for i in range(7)
+        ]
+        return await sched.run(jobs)
+
+    results = run_virtual(main())
+    assert all(r.ok for r in results)
+    starts = sorted(r.started_at or 0.0 for r in results)
+    assert starts[2] == 0.0 and starts[3] > 0.0  # three at once, the rest queued centrally

@@ -231,7 +231,10 @@ class ForecastPolicy(BaseModel):
         description="KV share in use below which an engine that has not preempted takes more.",
     )
     max_running_fallback: int = Field(
-        default=256, gt=0, description="Jobs per engine at most where the engine reports none."
+        default=256,
+        gt=0,
+        description="Jobs per engine at most where the engine reports no max_running (and the"
+        " whole limit where it reports no KV capacity).",
     )
     backoff: float = Field(
         default=0.9,

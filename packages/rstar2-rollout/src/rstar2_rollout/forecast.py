@@ -152,6 +152,8 @@ class Forecast(Placement):
         """The forecast limit, raised while the engine's KV cache has room and it preempted
         nothing since the last look, held at what runs there once it has preempted."""
         total, free = self.pool.total_and_free(slot)
+        if total <= 0:  # the engine reports no KV capacity: only its (or the fallback) count
+            return self._max_running(slot)
         forecast = self.limit(slot, total)
         engine = slot.engine
         report = engine.progress() if isinstance(engine, ProgressEngine) else None
