@@ -1,17 +1,27 @@
-"""Scheduler benchmark: kv_progress and kv_aware vs the static split vs least-requests, simulated.
+"""Scheduler benchmark: the default policy and `forecast` against every peer's dispatch, simulated.
 
-    uv run python bench/rollout_sched.py --seeds 0 1 2 --bounds   # 64 TP=1 engines, all stages
-    uv run python bench/rollout_sched.py --seeds 0 1 2 --tp 4     # 16 TP=4 engines (the port's)
-    uv run python bench/rollout_sched.py --scenario stage3 --engines 8 --prompts 64   # quick look
-    uv run python bench/rollout_sched.py --scenario stage3_late --runs kv_aware static
+    uv run python bench/rollout_sched.py --seeds 0 --json OUT.json        # the contract
+    uv run python bench/rollout_sched.py --seeds 0 --engines 16 --prompts 128 --json OUT.json
+    uv run python bench/rollout_sched.py --seeds 0 --sweep --json OUT.json  # + sensitivity
 
-Simulated time on a virtual clock (deterministic per seed); the wall time of the simulation itself
-is printed too. Prints one table and writes JSON (default bench/results/rollout_sched.json).
-`vs_kvp` is makespan / kv_progress's (the default policy; > 1: kv_progress is faster).
-`static` is verl v0.2's split (contiguous slices of the batch, so a problem's samples share an
-engine); `static_round_robin` deals the batch out one job per engine in turn, a stronger baseline.
-`--bounds` adds rows whose submission order knows the drawn lengths (see
-`rstar2_rollout.simulate.order_workload`): what ordering alone could gain, not a real policy.
+Every row drives the real `Scheduler` over vLLM-V1-like `SimEngine`s (see
+`rstar2_rollout.simengine`) on a virtual clock, deterministic per seed, for each scenario
+(stage1, stage3, stage3_late), TP (1: 64 engines, 4: 16 engines of 4 GPUs; `--engines` sets the
+engine count at TP=1, divided by 4 at TP=4), seed and policy. Peers (all with the engine's own
+admission and preemption):
+
+- `static`: verl v0.2's contiguous slices of the batch; `round_robin`: job i to engine i mod E
+  (AReaL uncapped, SkyRL's spread); `least_requests`: verl's AsyncLLMServerManager (fewest in
+  flight, sticky per trajectory); `least_requests_capped`: the same with AReaL's cap
+  (`--cap`, 128 jobs per engine); `power_of_two`, `cache_aware`: sglang-router;
+  `least_tokens`: fewest outstanding tokens.
+
+Ours: the default policy (`SchedulerConfig().policy`), `forecast`, and `kv_aware`.
+Writes `{"default_policy": NAME, "rows": [...]}`; each row has scenario, tp, seed, policy,
+makespan_s, preemptions (requests the engines preempted), recomputed_tokens, and extras
+(idle_share, tokens_per_s, decoded_tokens, wall_s). `--sweep` adds stage3 rows with the
+per-sample length spread and the capped share changed (scenario names say which). Runs
+`--jobs` simulations in parallel processes.
 """
 
 from __future__ import annotations
@@ -20,122 +30,173 @@ import argparse
 import dataclasses
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from rstar2_rollout.config import (
+    CacheAwarePolicy,
+    ForecastPolicy,
     KVAwarePolicy,
-    KVProgressPolicy,
     LeastRequestsPolicy,
+    LeastTokensPolicy,
+    PowerOfTwoPolicy,
     SchedulerConfig,
     StaticPolicy,
 )
-from rstar2_rollout.simulate import EngineModel, Order, Scenario, draw_workload, simulate
+from rstar2_rollout.simulate import EngineModel, Scenario, draw_workload, simulate
 
-# The paper's stages (§3.3 of the reference), same length distribution shape, median shifted:
-# stage 1 caps responses at 8K (mean ~3.7K, ~9% clipped; paper: 1K -> 4K, clip ratio above 10% at
-# times); stage 3 caps at 12K with 15 turns and starts near 6K (mean ~6.6K, ~17% clipped); by its
-# end the paper's average is 8K (stage3_late: mean ~8.0K, ~28% clipped).
+# The paper's stages (§3.3 of the reference): stage 1 caps responses at 8K (mean ~3.7K, ~9% at
+# the cap); stage 3 caps at 12K with 15 turns and starts near 6K (mean ~6.6K, ~17% at the cap);
+# by its end the paper's average is 8K (stage3_late: mean ~8.0K, ~28% at the cap).
 SCENARIOS = {
     "stage1": Scenario(max_response_tokens=8192, max_turns=10, response_median_tokens=3000.0),
     "stage3": Scenario(max_response_tokens=12288, max_turns=15, response_median_tokens=5500.0),
     "stage3_late": Scenario(max_response_tokens=12288, max_turns=15, response_median_tokens=7800.0),
 }
-KV_AWARE = SchedulerConfig(policy=KVAwarePolicy())
-KV_PROGRESS = SchedulerConfig(policy=KVProgressPolicy())
-STATIC = SchedulerConfig(policy=StaticPolicy())  # verl's contiguous slices
-ROUND_ROBIN = SchedulerConfig(policy=StaticPolicy(split="round_robin"))
-RUNS: list[tuple[str, SchedulerConfig, bool, Order]] = [
-    ("kv_progress", KV_PROGRESS, False, "submitted"),
-    ("kv_aware", KV_AWARE, False, "submitted"),
-    ("static", STATIC, False, "submitted"),
-    ("static_round_robin", ROUND_ROBIN, False, "submitted"),
-    ("static+turn_barrier", STATIC, True, "submitted"),
-    ("least_requests", SchedulerConfig(policy=LeastRequestsPolicy()), False, "submitted"),
+# sensitivity: stage 3 with a narrower / wider per-sample spread, fewer / more at the cap
+SWEEP = {
+    "stage3_sigma0.3": dict(sample_sigma=0.3),
+    "stage3_sigma0.9": dict(sample_sigma=0.9),
+    "stage3_cap5pct": dict(response_median_tokens=3500.0),
+    "stage3_cap40pct": dict(response_median_tokens=9500.0),
+}
+PEERS = [
+    "static",
+    "round_robin",
+    "least_requests",
+    "least_requests_capped",
+    "power_of_two",
+    "cache_aware",
+    "least_tokens",
 ]
-BOUNDS: list[tuple[str, SchedulerConfig, bool, Order]] = [
-    ("kv_progress+oracle_group_lpt", KV_PROGRESS, False, "oracle_group_longest_first"),
-    ("kv_progress+oracle_lpt", KV_PROGRESS, False, "oracle_longest_first"),
-    ("kv_aware+oracle_group_lpt", KV_AWARE, False, "oracle_group_longest_first"),
-    ("kv_aware+oracle_lpt", KV_AWARE, False, "oracle_longest_first"),
-]
+
+
+def policies(cap: int) -> dict[str, SchedulerConfig]:
+    default = SchedulerConfig()
+    out = {
+        default.policy.kind: default,
+        "forecast": SchedulerConfig(policy=ForecastPolicy()),
+        "kv_aware": SchedulerConfig(policy=KVAwarePolicy()),
+        "static": SchedulerConfig(policy=StaticPolicy()),
+        "round_robin": SchedulerConfig(policy=StaticPolicy(split="round_robin")),
+        "least_requests": SchedulerConfig(policy=LeastRequestsPolicy()),
+        "least_requests_capped": SchedulerConfig(
+            policy=LeastRequestsPolicy(max_running_per_engine=cap)
+        ),
+        "power_of_two": SchedulerConfig(policy=PowerOfTwoPolicy()),
+        "cache_aware": SchedulerConfig(policy=CacheAwarePolicy()),
+        "least_tokens": SchedulerConfig(policy=LeastTokensPolicy()),
+    }
+    return out
+
+
+def run_one(task: tuple[str, Scenario, int, int, str, SchedulerConfig]) -> dict[str, Any]:
+    name, scenario, tp, seed, label, config = task
+    start = time.perf_counter()
+    r = simulate(scenario, config, seed)
+    wall = time.perf_counter() - start
+    return {
+        "scenario": name,
+        "tp": tp,
+        "seed": seed,
+        "policy": label,
+        "makespan_s": r.makespan_s,
+        "preemptions": r.preempted_requests,
+        "recomputed_tokens": r.recomputed_tokens,
+        "idle_share": r.idle_share,
+        "tokens_per_s": r.decoded_tokens / r.makespan_s if r.makespan_s else 0.0,
+        "decoded_tokens": r.decoded_tokens,
+        "failed": r.failed,
+        "wall_s": wall,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Compare rollout schedulers in simulation.")
-    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
-    parser.add_argument("--tp", type=int, choices=[1, 2, 4, 8], default=1)
-    parser.add_argument("--engines", type=int, default=None, help="default: 64 GPUs / tp")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--json", type=Path, default=Path("bench/results/rollout_sched.json"))
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
+    parser.add_argument("--tp", type=int, nargs="+", choices=[1, 4], default=[1, 4])
+    parser.add_argument("--engines", type=int, default=64, help="engines at TP=1 (GPUs)")
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--samples", type=int, default=32)
-    parser.add_argument("--kv-tokens", type=int, default=None, help="default: from --tp")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--bounds", action="store_true", help="add the oracle-order rows")
-    parser.add_argument(
-        "--runs", nargs="+", choices=[r[0] for r in RUNS + BOUNDS], help="only these rows"
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench/results/rollout_sched.json"))
+    parser.add_argument("--cap", type=int, default=128, help="least_requests_capped's cap")
+    parser.add_argument("--policies", nargs="+", help="only these (default: all)")
+    parser.add_argument("--sweep", action="store_true", help="add the sensitivity rows (TP=1)")
+    parser.add_argument("--gpu", choices=["mi300x", "h100"], default="mi300x")
+    parser.add_argument("--jobs", type=int, default=2, help="simulations run in parallel")
     args = parser.parse_args()
-    model = EngineModel.qwen3_14b_mi300x(args.tp)
-    args.engines = 64 // args.tp if args.engines is None else args.engines
-    args.kv_tokens = model.kv_tokens if args.kv_tokens is None else args.kv_tokens
-    if min(args.engines, args.prompts, args.samples, args.kv_tokens) <= 0:
-        parser.error("--engines, --prompts, --samples and --kv-tokens must be positive")
-    runs = RUNS + (BOUNDS if args.bounds else [])
-    if args.runs:
-        runs = [r for r in RUNS + BOUNDS if r[0] in args.runs]
+    if min(args.engines, args.prompts, args.samples, args.cap, args.jobs) <= 0:
+        parser.error("--engines, --prompts, --samples, --cap and --jobs must be positive")
+    if args.engines % 4:
+        parser.error("--engines must be a multiple of 4 (TP=4 engines hold 4 GPUs)")
+    configs = policies(args.cap)
+    default = SchedulerConfig().policy.kind
+    if args.policies:
+        unknown = sorted(set(args.policies) - set(configs))
+        if unknown:
+            parser.error(f"unknown policies {unknown}; known: {sorted(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.policies}
+    derive = EngineModel.qwen3_14b_h100 if args.gpu == "h100" else EngineModel.qwen3_14b_mi300x
 
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
-    rows = []
-    header = (
-        f"{'scenario':11} {'seed':>4} {'policy':28} {'makespan_s':>10} {'vs_kvp':>6} {'idle':>6}"
-        f" {'preempt':>7} {'evicted':>8} {'recomp_Mtok':>11} {'tool_wait':>9} {'wall_s':>6}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name in names:
+    cases: list[tuple[str, Scenario, int]] = []
+    for tp in args.tp:
+        for name in args.scenarios:
+            cases.append((name, SCENARIOS[name], tp))
+    if args.sweep:
+        for name, change in SWEEP.items():
+            cases.append((name, dataclasses.replace(SCENARIOS["stage3"], **change), 1))
+    tasks = []
+    for name, base, tp in cases:
         scenario = dataclasses.replace(
-            SCENARIOS[name],
-            engines=args.engines,
+            base,
+            engines=args.engines // tp,
             prompts=args.prompts,
             samples_per_prompt=args.samples,
-            engine=dataclasses.replace(model, kv_tokens=args.kv_tokens),
+            engine=derive(tp),
         )
         for seed in args.seeds:
             lengths = [s.response_tokens for s in draw_workload(scenario, seed)]
-            mean, clipped = sum(lengths) / len(lengths), lengths.count(scenario.max_response_tokens)
+            capped = lengths.count(scenario.max_response_tokens) / len(lengths)
             print(
-                f"# {name} seed {seed}: mean response {mean:,.0f} tokens, "
-                f"{clipped / len(lengths):.0%} at the {scenario.max_response_tokens} cap"
+                f"# {name} tp={tp} seed {seed}: mean response {sum(lengths) / len(lengths):,.0f}"
+                f" tokens, {capped:.0%} at the {scenario.max_response_tokens} cap",
+                flush=True,
             )
-            base = None
-            for label, config, barrier, order in runs:
-                start = time.perf_counter()
-                r = simulate(scenario, config, seed, turn_barrier=barrier, order=order)
-                wall = time.perf_counter() - start
-                if label == "kv_progress":
-                    base = r.makespan_s
-                ratio = r.makespan_s / base if base else float("nan")  # kv_progress runs first
-                print(
-                    f"{name:11} {seed:>4} {label:28} {r.makespan_s:>10.1f} {ratio:>6.2f}"
-                    f" {r.idle_share:>6.1%} {r.preemption_events:>7} {r.preempted_requests:>8}"
-                    f" {r.recomputed_tokens / 1e6:>11.1f} {r.tool_wait_share:>9.2%} {wall:>6.1f}",
-                    flush=True,
-                )
-                rows.append(
-                    {
-                        "scenario": name,
-                        "seed": seed,
-                        "run": label,
-                        "mean_response_tokens": mean,
-                        "makespan_vs_kv_progress": ratio,
-                        "wall_s": wall,
-                        **dataclasses.asdict(r),
-                    }
-                )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    setup = {k: v for k, v in vars(args).items() if k != "out"}
-    args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=2))
-    print(f"wrote {args.out}")
+            for label, config in configs.items():
+                tasks.append((name, scenario, tp, seed, label, config))
+
+    start = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_one, tasks))
+    header = (
+        f"{'scenario':16} {'tp':>2} {'seed':>4} {'policy':22} {'makespan_s':>10} {'vs_best':>7}"
+        f" {'idle':>5} {'tok/s':>8} {'preempt':>7} {'recomp_Mtok':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        peers = [
+            r["makespan_s"]
+            for r in rows
+            if (r["scenario"], r["tp"], r["seed"]) == (row["scenario"], row["tp"], row["seed"])
+            and r["policy"] in PEERS
+        ]
+        best = min(peers) if peers else float("nan")
+        row["best_peer_makespan_s"] = best
+        print(
+            f"{row['scenario']:16} {row['tp']:>2} {row['seed']:>4} {row['policy']:22}"
+            f" {row['makespan_s']:>10.1f} {best / row['makespan_s']:>7.2f}"
+            f" {row['idle_share']:>5.1%} {row['tokens_per_s']:>8.0f} {row['preemptions']:>7}"
+            f" {row['recomputed_tokens'] / 1e6:>11.1f}",
+            flush=True,
+        )
+    print(f"# {len(rows)} simulations in {time.perf_counter() - start:.0f} s wall")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    setup = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    args.json.write_text(json.dumps({"default_policy": default, "setup": setup, "rows": rows}))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

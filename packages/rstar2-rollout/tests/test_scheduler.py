@@ -112,10 +112,12 @@ def test_all_turns_of_a_job_stay_on_one_engine(policy) -> None:
         assert all(r.ok for r in results)
 
     run_virtual(main())
-    # prefix-cache hits on every later turn: only prompts and tool outputs were ever prefilled
-    assert sum(e.stats.prefill_tokens for e in engines) == sum(
-        s.prompt_tokens + sum(s.tool_tokens) for s in specs
-    )
+    # prefix-cache hits on every later turn: only prompts, tool outputs and the partial block
+    # at the end of each earlier turn (only full blocks are cached) were ever prefilled
+    least = sum(s.prompt_tokens + sum(s.tool_tokens) for s in specs)
+    block = engines[0].model.block_tokens
+    most = least + sum((block - 1) * len(s.tool_tokens) for s in specs)
+    assert least <= sum(e.stats.prefill_tokens for e in engines) <= most
 
 
 @pytest.mark.parametrize(
@@ -404,9 +406,10 @@ def test_a_turn_larger_than_its_job_declared_fails_with_a_reason() -> None:
 
     (result,) = run_virtual(main())
     assert not result.ok
+    # 20,000 less the 1 % headroom, 32 lag steps and a partly filled 16-token block
     assert "turn needs 50100 KV tokens" in (
         result.error or ""
-    ) and "can hold 19768 for one turn" in (result.error or "")
+    ) and "can hold 19753 for one turn" in (result.error or "")
 
 
 def test_status_reports_the_bound_kv_progress_admits_on() -> None:

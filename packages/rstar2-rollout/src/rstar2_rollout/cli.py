@@ -35,6 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rstar2_rollout.config import (
     EngineConfig,
+    ForecastPolicy,
     KVAwarePolicy,
     KVProgressPolicy,
     LeastRequestsPolicy,
@@ -96,6 +97,7 @@ def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig,
         policy: Any = {
             "kv_progress": KVProgressPolicy(kv_tokens_fallback=args.kv_tokens),
             "kv_aware": KVAwarePolicy(kv_tokens_fallback=args.kv_tokens),
+            "forecast": ForecastPolicy(),
             "static": StaticPolicy(),
             "least_requests": LeastRequestsPolicy(),
         }[args.policy]
@@ -322,7 +324,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, default=0, help="engine i is seeded seed + i")
     serve.add_argument(
         "--policy",
-        choices=["kv_progress", "kv_aware", "static", "least_requests"],
+        choices=["kv_progress", "kv_aware", "forecast", "static", "least_requests"],
         default="kv_progress",
     )
     serve.add_argument(

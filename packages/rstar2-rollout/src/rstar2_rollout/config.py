@@ -205,8 +205,92 @@ class LeastRequestsPolicy(BaseModel):
     )
 
 
+class PowerOfTwoPolicy(BaseModel):
+    """sglang-router's power of two choices: of two engines drawn at random, the less loaded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["power_of_two"] = "power_of_two"
+    seed: int = Field(default=0, description="Seed of the draws.")
+
+
+class CacheAwarePolicy(BaseModel):
+    """sglang-router's cache-aware routing: where the prompt is cached unless the load is
+    imbalanced (then the shortest queue); no match: the engine with the least cached."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["cache_aware"] = "cache_aware"
+    balance_abs_threshold: int = Field(
+        default=64, ge=0, description="Imbalanced when max - min running exceeds this ..."
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5, ge=1, description="... and max exceeds this many times min."
+    )
+
+
+class LeastTokensPolicy(BaseModel):
+    """Send each job to the engine with the fewest outstanding tokens (KV in use + queued)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["least_tokens"] = "least_tokens"
+
+
+class ForecastPolicy(BaseModel):
+    """A central queue; a job starts on the least-loaded engine below its limit: the engine's KV
+    over the forecast mean context of a running job (length distribution from this batch's
+    finished and running jobs), backed off when the engine preempts (see `forecast.py`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["forecast"] = "forecast"
+    prior_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Mean response length (share of the budget) assumed before any is known.",
+    )
+    headroom: float = Field(
+        default=0.0, ge=0, lt=1, description="Share of each engine's KV cache never planned for."
+    )
+    target_share: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="KV share in use below which an engine that has not preempted takes more.",
+    )
+    max_running_fallback: int = Field(
+        default=256,
+        gt=0,
+        description="Jobs per engine at most where the engine reports no max_running (and the"
+        " whole limit where it reports no KV capacity).",
+    )
+    backoff: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="An engine that preempted takes new jobs only below this share of its"
+        " running ones (then one more per recheck while it does not preempt).",
+    )
+    recheck_interval_s: float = Field(
+        default=0.5, gt=0, description="How often waiting jobs re-read the engines."
+    )
+    reorder_interval_s: float = Field(
+        default=5.0, ge=0, description="How often the length forecast (and the order) is redone."
+    )
+    order: Literal["fifo", "longest_expected"] = Field(
+        default="fifo",
+        description="Queue order: as submitted, or problems with the longest expected samples"
+        " first (measured slower in the simulator; see SCHEDULER.md).",
+    )
+
+
 Policy = Annotated[
-    KVAwarePolicy | KVProgressPolicy | StaticPolicy | LeastRequestsPolicy,
+    ForecastPolicy
+    | KVAwarePolicy
+    | KVProgressPolicy
+    | StaticPolicy
+    | LeastRequestsPolicy
+    | PowerOfTwoPolicy
+    | CacheAwarePolicy
+    | LeastTokensPolicy,
     Field(discriminator="kind"),
 ]
 

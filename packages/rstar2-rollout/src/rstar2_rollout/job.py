@@ -26,6 +26,7 @@ class Job(Generic[T]):
     prompt_tokens: int
     max_response_tokens: int
     tag: Any = None  # handed back in the JobResult (e.g. the problem id and sample index)
+    group: Any = None  # the problem it samples (siblings share it); None: unknown
 
     @property
     def reserve_tokens(self) -> int:

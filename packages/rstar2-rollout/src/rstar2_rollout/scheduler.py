@@ -3,7 +3,9 @@
 A `Job` is an async callable `run(engine) -> result` that declares its prompt length and its
 maximum response length. The scheduler hands it one engine for its whole life (every turn goes to
 the same engine, so the prefix cache keeps its context), collects its result or its failure, and
-never moves or preempts a running job. Four policies, chosen once by `SchedulerConfig.policy`:
+never moves or preempts a running job. The core here keeps the queue, failures and the job
+lifecycle; the policy is one `placement.Placement` object built once from `SchedulerConfig.policy`
+(`make_placement`), asked where a job goes and whether each turn may run. The policies:
 
 - `kv_aware` (rStar2-Agent, paper §3.2): a job is admitted to an engine only when that engine can
   hold prompt + max response tokens. Headroom is `min(total - reserved, free)`: `reserved` is the
@@ -26,6 +28,7 @@ never moves or preempts a running job. Four policies, chosen once by `SchedulerC
   goes round robin.
 - `least_requests` (verl v0.5): a job goes to the engine with the fewest running jobs and stays
   there; optionally capped at `max_running_per_engine`.
+- `power_of_two`, `cache_aware` (sglang-router), `least_tokens`: see `peers.py`.
 
 Engine failure: a `generate` that raises or answers `finish_reason="error"` `max_engine_errors`
 times in a row, or a `kv_capacity()` probe that raises, marks the engine dead. Its running jobs
@@ -42,50 +45,72 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from typing import Any, Generic, TypeVar
 
 from rstar2_rollout.config import (
+    CacheAwarePolicy,
+    ForecastPolicy,
     KVAwarePolicy,
     KVProgressPolicy,
+    LeastRequestsPolicy,
+    LeastTokensPolicy,
+    PowerOfTwoPolicy,
     SchedulerConfig,
     StaticPolicy,
 )
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.forecast import Forecast
 from rstar2_rollout.job import EngineDeadError, EngineStatus, Job, JobResult
-from rstar2_rollout.kvgate import TurnGate, WaitingTurn
+from rstar2_rollout.peers import (
+    CacheAware,
+    LeastRequests,
+    LeastTokens,
+    PowerOfTwo,
+    RoundRobin,
+    StaticSlices,
+)
+from rstar2_rollout.placement import Entry, KVAware, KVProgress, Placement, Pool, Slot
 
-__all__ = ["EngineDeadError", "EngineLease", "EngineStatus", "Job", "JobResult", "Scheduler"]
+__all__ = [
+    "EngineDeadError",
+    "EngineLease",
+    "EngineStatus",
+    "Job",
+    "JobResult",
+    "Scheduler",
+    "make_placement",
+]
 
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
-class _Slot:
-    engine: Engine
-    index: int
-    alive: bool = True
-    dead_reason: str = ""
-    reserved: int = 0
-    errors: int = 0
-    running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
-    gate: TurnGate | None = None  # kv_progress only: the engine's turns
-
-
-@dataclass(eq=False)
-class _Entry:
-    index: int
-    job: Job[Any]
-    future: asyncio.Future[JobResult[Any]]
-    submitted_at: float
-    batch: tuple[int, int] | None = None  # (position, size) in the batch it came with
+def make_placement(config: SchedulerConfig, pool: Pool) -> Placement:
+    """The policy object of `config.policy`, over the engines of `pool` (built once)."""
+    p = config.policy
+    if isinstance(p, ForecastPolicy):
+        return Forecast(pool, p)
+    if isinstance(p, KVProgressPolicy):
+        return KVProgress(pool, p)
+    if isinstance(p, KVAwarePolicy):
+        return KVAware(pool, p)
+    if isinstance(p, StaticPolicy):
+        return StaticSlices(pool) if p.split == "chunks" else RoundRobin(pool)
+    if isinstance(p, LeastRequestsPolicy):
+        return LeastRequests(pool, p)
+    if isinstance(p, PowerOfTwoPolicy):
+        return PowerOfTwo(pool, p)
+    if isinstance(p, CacheAwarePolicy):
+        return CacheAware(pool, p)
+    if isinstance(p, LeastTokensPolicy):
+        return LeastTokens(pool, p)
+    raise AssertionError(f"no placement for {p!r}")  # the union is closed
 
 
 class EngineLease:
     """The engine handle a job gets: forwards to its engine and reports errors to the scheduler."""
 
-    def __init__(self, scheduler: Scheduler[Any], slot: _Slot, job: int) -> None:
+    def __init__(self, scheduler: Scheduler[Any], slot: Slot, job: int) -> None:
         self._scheduler = scheduler
         self._slot = slot
         self._job = job
@@ -94,16 +119,15 @@ class EngineLease:
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> Generation:
-        slot = self._slot
+        slot, policy = self._slot, self._scheduler.placement
         if not slot.alive:
             raise EngineDeadError(f"engine {self.name} is dead: {slot.dead_reason}")
-        gated = slot.gate is not None
-        if gated:
-            refused = await self._scheduler._enter_turn(
-                slot, self._job, request_id, len(prompt_ids), params.max_tokens
-            )
-            if refused:
-                return Generation([], finish_reason="error", error=refused)
+        refused = await policy.enter_turn(
+            slot, self._job, request_id, len(prompt_ids), params.max_tokens
+        )
+        if refused:
+            return Generation([], finish_reason="error", error=refused)
+        out: Generation | None = None
         try:
             out = await slot.engine.generate(prompt_ids, params, request_id)
         except asyncio.CancelledError:
@@ -112,8 +136,8 @@ class EngineLease:
             self._scheduler._record_error(slot, f"generate raised {exc!r}")
             raise
         finally:
-            if gated:
-                self._scheduler._leave_turn(slot, request_id)
+            policy.leave_turn(slot, self._job, request_id, out)
+        assert out is not None  # generate returned
         if out.finish_reason == "error":
             self._scheduler._record_error(slot, f"generate failed: {out.error or 'no message'}")
         else:
@@ -142,36 +166,22 @@ class Scheduler(Generic[T]):
         if len(set(names)) != len(names):
             raise ValueError(f"engine names must be unique, got {names}")
         self.config = config or SchedulerConfig()
-        policy = self.config.policy
-        self._slots = [
-            _Slot(e, i, gate=TurnGate(e, policy) if isinstance(policy, KVProgressPolicy) else None)
-            for i, e in enumerate(engines)
-        ]
-        self._queue: deque[_Entry] = deque()
+        self.slots = [Slot(e, i) for i, e in enumerate(engines)]
+        self._queue: deque[Entry] = deque()
         self._submitted = 0
         self._recheck: asyncio.TimerHandle | None = None
         self._health: asyncio.Task[None] | None = None
         self._dispatching = False
         self._again = False
-        static = (
-            self._place_static_slices
-            if isinstance(policy, StaticPolicy) and policy.split == "chunks"
-            else self._place_round_robin
-        )
-        self._place: Callable[[_Entry], _Slot | Literal["wait"] | None] = {
-            "kv_aware": self._place_kv_aware,
-            "kv_progress": self._place_kv_progress,
-            "static": static,
-            "least_requests": self._place_least_requests,
-        }[self.config.policy.kind]
-        if isinstance(self.config.policy, KVAwarePolicy | KVProgressPolicy):
-            for slot in self._slots:
-                cap = self._capacity(slot)
-                if slot.alive and cap is None and self.config.policy.kv_tokens_fallback is None:
+        fallback = getattr(self.config.policy, "kv_tokens_fallback", False)
+        if fallback is None:  # a KV-aware policy: every engine must report capacity
+            for slot in self.slots:
+                if self.capacity(slot) is None and slot.alive:
                     raise ValueError(
                         f"engine {slot.engine.name} reports no KV capacity:"
                         f" {self.config.policy.kind} needs policy.kv_tokens_fallback"
                     )
+        self.placement = make_placement(self.config, self)
 
     # ---- public API ------------------------------------------------------------------------
 
@@ -185,7 +195,7 @@ class Scheduler(Generic[T]):
         jobs = list(jobs)
         futures = []
         for pos, job in enumerate(jobs):
-            entry = _Entry(
+            entry = Entry(
                 self._submitted,
                 job,
                 loop.create_future(),
@@ -224,9 +234,9 @@ class Scheduler(Generic[T]):
     def status(self) -> list[EngineStatus]:
         """Every engine: health, running jobs, reserved tokens and reported capacity."""
         out = []
-        for s in self._slots:
-            cap = self._capacity(s) if s.alive else None
-            reserved = s.gate.bound(None, s.gate.progress()) if s.gate and s.alive else s.reserved
+        for s in self.slots:
+            cap = self.capacity(s) if s.alive else None
+            reserved = self.placement.reserved(s) if s.alive else 0
             out.append(
                 EngineStatus(s.engine.name, s.alive, len(s.running), reserved, cap, s.dead_reason)
             )
@@ -234,18 +244,11 @@ class Scheduler(Generic[T]):
 
     def fits(self, reserve_tokens: int) -> bool:
         """Whether some live engine could ever hold a job of this size (the KV policies limit)."""
-        if self.config.policy.kind == "kv_aware":
-            return any(s.alive and reserve_tokens <= self._total(s) for s in self._slots)
-        if self.config.policy.kind == "kv_progress":
-            return any(
-                s.alive and s.gate and reserve_tokens <= s.gate.largest(self._total(s))
-                for s in self._slots
-            )
-        return any(s.alive for s in self._slots)
+        return self.placement.fits(reserve_tokens)
 
     def mark_dead(self, name: str, reason: str) -> None:
         """Stop using an engine: its running jobs fail with `reason`, nothing new goes to it."""
-        slot = next((s for s in self._slots if s.engine.name == name), None)
+        slot = next((s for s in self.slots if s.engine.name == name), None)
         if slot is None:
             raise ValueError(f"no engine named {name!r}")
         if not slot.alive:
@@ -267,17 +270,15 @@ class Scheduler(Generic[T]):
             self._recheck = None
         while self._queue:
             self._fail(self._queue.popleft(), "scheduler closed")
-        tasks = [t for s in self._slots for t in s.running.values()]
+        tasks = [t for s in self.slots for t in s.running.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # ---- placement -------------------------------------------------------------------------
+    # ---- what policies see (`placement.Pool`) --------------------------------------------
 
-    def _alive(self) -> Iterator[_Slot]:
-        return (s for s in self._slots if s.alive)
-
-    def _capacity(self, slot: _Slot) -> KVCapacity | None:
+    def capacity(self, slot: Slot) -> KVCapacity | None:
+        """The engine's capacity report; an engine whose probe raises is marked dead (None)."""
         if not slot.alive:
             return None
         try:
@@ -286,80 +287,23 @@ class Scheduler(Generic[T]):
             self.mark_dead(slot.engine.name, f"health check failed: kv_capacity() raised {exc!r}")
             return None
 
-    def _total(self, slot: _Slot) -> int:
-        return self._total_and_free(slot)[0]
-
-    def _total_and_free(self, slot: _Slot) -> tuple[int, int | None]:
+    def total_and_free(self, slot: Slot) -> tuple[int, int | None]:
         """One capacity probe: total KV tokens (the fallback where the engine reports none) and
         free ones (None where unknown)."""
-        cap = self._capacity(slot)
+        cap = self.capacity(slot)
         if cap is not None:
             return cap.total_tokens, cap.free_tokens
         return getattr(self.config.policy, "kv_tokens_fallback", None) or 0, None
 
-    def _headroom(self, slot: _Slot) -> int:
-        cap = self._capacity(slot)
-        if not slot.alive:
-            return -1
-        if cap is None:
-            return self._total(slot) - slot.reserved
-        return min(cap.total_tokens - slot.reserved, cap.free_tokens)
+    def dispatch(self) -> None:
+        self._dispatch()
 
-    def _place_kv_aware(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
-        need = entry.job.reserve_tokens
-        best, best_room = None, -1
-        for slot in list(self._alive()):
-            room = self._headroom(slot)
-            if room >= need and room > best_room:
-                best, best_room = slot, room
-        if best is not None:
-            return best
-        if not self.fits(need):
-            return None
-        return "wait"
+    def schedule_recheck(self) -> None:
+        interval = self.placement.recheck_interval_s
+        if self._recheck is None and interval is not None:
+            self._recheck = asyncio.get_running_loop().call_later(interval, self._on_recheck)
 
-    def _place_kv_progress(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
-        """The engine with the most room for the job's first turn at its maximum length; engines
-        whose own turns wait for room take no new job."""
-        job = entry.job
-        candidates = []
-        for slot in list(self._alive()):
-            gate = slot.gate
-            assert gate is not None
-            if gate.waiting or gate.full():
-                continue
-            room = gate.cached_room(job.max_response_tokens)
-            if room is None:  # something changed here: read the engine again
-                room = gate.room(self._total(slot), job.max_response_tokens)
-            if room >= job.prompt_tokens:
-                candidates.append((room, -slot.index, slot))
-        for _, _, slot in sorted(candidates, key=lambda c: c[:2], reverse=True):
-            cap = self._capacity(slot)
-            if slot.alive and (cap is None or job.prompt_tokens <= cap.free_tokens):
-                return slot
-        if not self.fits(job.reserve_tokens):
-            return None
-        return "wait"
-
-    def _place_static_slices(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
-        """Engine e takes the e-th contiguous slice of the job's batch (verl's split)."""
-        if entry.batch is None:  # a lone submit: no batch to slice
-            return self._place_round_robin(entry)
-        alive = list(self._alive())
-        pos, size = entry.batch
-        return alive[pos * len(alive) // size] if alive else None
-
-    def _place_round_robin(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
-        alive = list(self._alive())
-        return alive[entry.index % len(alive)] if alive else None
-
-    def _place_least_requests(self, entry: _Entry) -> _Slot | Literal["wait"] | None:
-        alive = list(self._alive())
-        if not alive:
-            return None
-        slot = min(alive, key=lambda s: (len(s.running), s.index))
-        cap = getattr(self.config.policy, "max_running_per_engine", None)
-        return "wait" if cap is not None and len(slot.running) >= cap else slot
+    # ---- the queue -------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
         """Start queued jobs, in order, while the policy places them (re-entrant safe)."""
@@ -376,132 +320,51 @@ class Scheduler(Generic[T]):
             self._dispatching = False
 
     def _dispatch_queue(self) -> None:
-        if self.config.policy.kind == "kv_progress":
-            self._admit_waiting_turns()
+        self.placement.before_dispatch()
+        if self._queue:
+            self.placement.order(self._queue)
         while self._queue:
             entry = self._queue[0]
             if entry.future.done():  # withdrawn; its _on_done has not run yet
                 self._queue.popleft()
                 continue
-            if not any(s.alive for s in self._slots):
-                reasons = "; ".join(f"{s.engine.name}: {s.dead_reason}" for s in self._slots)
+            if not any(s.alive for s in self.slots):
+                reasons = "; ".join(f"{s.engine.name}: {s.dead_reason}" for s in self.slots)
                 self._fail(self._queue.popleft(), f"no healthy engine ({reasons})")
                 continue
-            place = self._place(entry)
+            place = self.placement.place(entry)
             if place == "wait":
-                self._schedule_recheck()
+                self.schedule_recheck()
                 return
-            if place is None and not any(s.alive for s in self._slots):
+            if place is None and not any(s.alive for s in self.slots):
                 continue  # a probe found the last engine dead: fail with every reason above
             self._queue.popleft()
             if place is None:
-                where = "for one turn" if self.config.policy.kind == "kv_progress" else "in total"
-                self._fail(
-                    entry,
-                    f"job needs {entry.job.reserve_tokens} KV tokens; no live engine can hold"
-                    f" that many {where}",
-                )
+                self._fail(entry, self.placement.too_large(entry))
                 continue
             self._start(entry, place)
 
-    def _schedule_recheck(self) -> None:
-        policy = self.config.policy
-        if self._recheck is None and isinstance(policy, KVAwarePolicy | KVProgressPolicy):
-            loop = asyncio.get_running_loop()
-            self._recheck = loop.call_later(policy.recheck_interval_s, self._on_recheck)
-
     def _on_recheck(self) -> None:
         self._recheck = None
-        for slot in self._slots:  # the engines moved on: every bound may have fallen
-            if slot.gate is not None:
-                slot.gate.touch()
+        self.placement.on_recheck()
         self._dispatch()
-
-    # ---- kv_progress: turn admission -------------------------------------------------------
-
-    async def _enter_turn(
-        self, slot: _Slot, job: int, request_id: str, context: int, max_tokens: int
-    ) -> str:
-        """Return once the turn is admitted on its engine ("") or why it never can be."""
-        gate = slot.gate
-        assert gate is not None
-        if gate.has(request_id):  # its books are by request id: a second one would hide the first
-            return f"request id {request_id!r} is already running on engine {slot.engine.name}"
-        if gate.first_turn(job, request_id, context, max_tokens):
-            return ""  # admitted with its job
-        total, free = self._total_and_free(slot)
-        if not slot.alive:  # its capacity probe just failed
-            raise EngineDeadError(f"engine {slot.engine.name} is dead: {slot.dead_reason}")
-        need, largest = context + max_tokens, gate.largest(total)
-        if need > largest:
-            return (
-                f"turn needs {need} KV tokens (context {context} + max_tokens {max_tokens});"
-                f" engine {slot.engine.name} can hold {largest} for one turn"
-            )
-        if not gate.waiting and gate.fits(context, max_tokens, total, free):
-            gate.admit(request_id, context, max_tokens)
-            return ""
-        loop = asyncio.get_running_loop()
-        turn = WaitingTurn(request_id, context, max_tokens, loop.create_future())
-        gate.waiting.append(turn)
-        self._schedule_recheck()
-        try:
-            await turn.admitted
-        except asyncio.CancelledError:
-            if turn in gate.waiting:
-                gate.waiting.remove(turn)
-                gate.touch()  # the turns behind it may fit now
-                self._dispatch()
-            else:
-                self._leave_turn(slot, request_id)
-            raise
-        return ""
-
-    def _leave_turn(self, slot: _Slot, request_id: str) -> None:
-        if slot.gate is not None and slot.gate.leave(request_id):
-            self._dispatch()
-
-    def _admit_waiting_turns(self) -> None:
-        """Admit waiting turns, oldest first on each engine, where something changed."""
-        for slot in list(self._alive()):
-            gate = slot.gate
-            if gate is None or not gate.dirty:
-                continue
-            gate.dirty = False
-            total, free = self._total_and_free(slot)
-            while gate.waiting:
-                turn = gate.waiting[0]
-                if turn.admitted.done():  # its job was cancelled
-                    gate.waiting.popleft()
-                    continue
-                if not gate.fits(turn.context, turn.max_tokens, total, free):
-                    break
-                gate.waiting.popleft()
-                gate.admit(turn.request_id, turn.context, turn.max_tokens)
-                turn.admitted.set_result(None)
-        if any(s.gate is not None and s.gate.waiting for s in self._alive()):
-            self._schedule_recheck()
 
     # ---- running ---------------------------------------------------------------------------
 
-    def _start(self, entry: _Entry, slot: _Slot) -> None:
-        slot.reserved += entry.job.reserve_tokens
-        if slot.gate is not None:
-            slot.gate.hold(entry.index, entry.job.prompt_tokens, entry.job.max_response_tokens)
+    def _start(self, entry: Entry, slot: Slot) -> None:
+        self.placement.on_start(entry, slot)
         task = asyncio.get_running_loop().create_task(self._run(entry, slot))
         slot.running[entry.index] = task
         task.add_done_callback(lambda _, e=entry, s=slot: self._never_ran(e, s))
 
-    def _release(self, entry: _Entry, slot: _Slot) -> bool:
+    def _release(self, entry: Entry, slot: Slot) -> bool:
         """Give back what the job held on its engine; False if that was done already."""
         if slot.running.pop(entry.index, None) is None:
             return False
-        slot.reserved -= entry.job.reserve_tokens
-        if slot.gate is not None:
-            slot.gate.release(entry.index)
+        self.placement.on_finish(entry, slot)
         return True
 
-    def _never_ran(self, entry: _Entry, slot: _Slot) -> None:
+    def _never_ran(self, entry: Entry, slot: Slot) -> None:
         """A task cancelled before its first step skips `_run` entirely: release for it."""
         if self._release(entry, slot):
             if not slot.alive:
@@ -511,7 +374,7 @@ class Scheduler(Generic[T]):
             self._fail(entry, reason)
             self._dispatch()
 
-    async def _run(self, entry: _Entry, slot: _Slot) -> None:
+    async def _run(self, entry: Entry, slot: Slot) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         value, error = None, None
@@ -547,17 +410,17 @@ class Scheduler(Generic[T]):
             )
         self._dispatch()
 
-    def _on_done(self, entry: _Entry) -> None:
+    def _on_done(self, entry: Entry) -> None:
         """The caller cancelled the future: drop the job from the queue or stop it."""
         if entry in self._queue:
             self._queue.remove(entry)
             return
-        for slot in self._slots:
+        for slot in self.slots:
             task = slot.running.get(entry.index)
             if task is not None:
                 task.cancel()
 
-    def _fail(self, entry: _Entry, reason: str) -> None:
+    def _fail(self, entry: Entry, reason: str) -> None:
         if not entry.future.done():
             now = asyncio.get_running_loop().time()
             entry.future.set_result(
@@ -566,7 +429,7 @@ class Scheduler(Generic[T]):
                 )
             )
 
-    def _record_error(self, slot: _Slot, message: str) -> None:
+    def _record_error(self, slot: Slot, message: str) -> None:
         slot.errors += 1
         if slot.errors >= self.config.max_engine_errors:
             self.mark_dead(slot.engine.name, f"{slot.errors} errors in a row, last: {message}")
@@ -578,7 +441,7 @@ class Scheduler(Generic[T]):
         self._health = asyncio.get_running_loop().create_task(self._probe(interval))
 
     async def _probe(self, interval: float) -> None:
-        while any(s.running for s in self._slots) or self._queue:
-            for slot in list(self._alive()):
-                self._capacity(slot)
+        while any(s.running for s in self.slots) or self._queue:
+            for slot in list(s for s in self.slots if s.alive):
+                self.capacity(slot)
             await asyncio.sleep(interval)

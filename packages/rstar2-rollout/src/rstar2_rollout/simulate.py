@@ -264,6 +264,7 @@ def simulate(
                 lambda e, s=s: run_trajectory(e, s, barrier, script, scenario.max_response_tokens),
                 s.prompt_tokens,
                 scenario.max_response_tokens,
+                group=s.group,
             )
             for s in specs
         ]

@@ -1,0 +1,285 @@
+"""Scheduling policies as objects: where a job goes, whether it may start, and its turns' gates.
+
+Every policy of `SchedulerConfig.policy` becomes one `Placement` (`make_placement`), built once
+when the `Scheduler` is. The scheduler core keeps the queue, failures and the job lifecycle and
+calls the same hooks whatever the policy:
+
+- `place(entry)`: an engine for the job at the head of the queue, `"wait"` (try again when
+  something ends or on the recheck timer), or None (no live engine can ever take it);
+- `on_start` / `on_finish`: the job was given an engine / has left it;
+- `enter_turn` / `leave_turn`: around each generation call of a running job (a turn); a policy
+  may hold a turn until it fits, or refuse it with a reason;
+- `before_dispatch`: admit what waits inside the policy (turns) before the queue is looked at;
+- `order(queue)`: the order queued jobs are offered in (FIFO unless the policy reorders);
+- `fits`, `reserved`, `recheck_interval_s`: what the scheduler reports and how often it looks.
+
+Policies see the engines through the scheduler's `Pool` (slots, capacity probes that may find an
+engine dead, dispatch and the recheck timer). Peer policies (verl, sglang-router, AReaL) live in
+`peers.py`, the forecast policy in `forecast.py`; this module holds the core's data, the base
+class and rStar2-Agent's two KV-aware rules. Not covered: moving or preempting a running job
+(engines preempt by themselves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from rstar2_rollout.config import KVAwarePolicy, KVProgressPolicy
+from rstar2_rollout.engine import Engine, Generation, KVCapacity
+from rstar2_rollout.job import EngineDeadError, Job
+from rstar2_rollout.kvgate import TurnGate, WaitingTurn
+
+
+@dataclass(eq=False)
+class Slot:
+    """One engine as the scheduler core keeps it."""
+
+    engine: Engine
+    index: int
+    alive: bool = True
+    dead_reason: str = ""
+    errors: int = 0
+    running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Entry:
+    """A submitted job: its index, its future, and its place in the batch it came with."""
+
+    index: int
+    job: Job[Any]
+    future: asyncio.Future[Any]
+    submitted_at: float
+    batch: tuple[int, int] | None = None  # (position, size) in the batch it came with
+
+
+class Pool(Protocol):
+    """What a policy sees of the scheduler: the engines and two ways to ask for another look."""
+
+    slots: list[Slot]
+
+    def capacity(self, slot: Slot) -> KVCapacity | None: ...
+    def total_and_free(self, slot: Slot) -> tuple[int, int | None]: ...
+    def dispatch(self) -> None: ...
+    def schedule_recheck(self) -> None: ...
+
+
+class Placement:
+    """A policy with every hook at its neutral value: jobs go where `place` says, turns run."""
+
+    recheck_interval_s: float | None = None
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def alive(self) -> Iterator[Slot]:
+        return (s for s in self.pool.slots if s.alive)
+
+    def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
+        raise NotImplementedError
+
+    def order(self, queue: deque[Entry]) -> None:
+        """Reorder the queue in place before jobs are offered (default: FIFO, untouched)."""
+
+    def fits(self, reserve_tokens: int) -> bool:
+        """Whether some live engine could ever run a job of this worst-case size."""
+        return any(s.alive for s in self.pool.slots)
+
+    def too_large(self, entry: Entry) -> str:
+        return (
+            f"job needs {entry.job.reserve_tokens} KV tokens; no live engine can hold"
+            " that many in total"
+        )
+
+    def reserved(self, slot: Slot) -> int:
+        """KV tokens the policy counts as promised on this engine (reported in `status`)."""
+        return 0
+
+    def on_start(self, entry: Entry, slot: Slot) -> None:
+        """The job was given `slot`."""
+
+    def on_finish(self, entry: Entry, slot: Slot) -> None:
+        """The job left `slot` (finished, failed or withdrawn)."""
+
+    async def enter_turn(
+        self, slot: Slot, job: int, request_id: str, context: int, max_tokens: int
+    ) -> str:
+        """Return "" once the turn may run, or why it never can."""
+        return ""
+
+    def leave_turn(self, slot: Slot, job: int, request_id: str, out: Generation | None) -> None:
+        """The turn ended (`out` None: it raised or was cancelled)."""
+
+    def before_dispatch(self) -> None:
+        """Admit whatever waits inside the policy, before queued jobs are placed."""
+
+    def on_recheck(self) -> None:
+        """The recheck timer fired: the engines moved on."""
+
+
+class KVAware(Placement):
+    """rStar2-Agent's rule as written: prompt + max response must fit the engine's headroom."""
+
+    def __init__(self, pool: Pool, policy: KVAwarePolicy) -> None:
+        super().__init__(pool)
+        self.policy = policy
+        self.recheck_interval_s = policy.recheck_interval_s
+        self._reserved: dict[int, int] = {}
+
+    def reserved(self, slot: Slot) -> int:
+        return self._reserved.get(slot.index, 0)
+
+    def _headroom(self, slot: Slot) -> int:
+        total, free = self.pool.total_and_free(slot)
+        if not slot.alive:
+            return -1
+        if free is None:
+            return total - self.reserved(slot)
+        return min(total - self.reserved(slot), free)
+
+    def fits(self, reserve_tokens: int) -> bool:
+        return any(
+            s.alive and reserve_tokens <= self.pool.total_and_free(s)[0] for s in self.pool.slots
+        )
+
+    def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
+        need = entry.job.reserve_tokens
+        best, best_room = None, -1
+        for slot in list(self.alive()):
+            room = self._headroom(slot)
+            if room >= need and room > best_room:
+                best, best_room = slot, room
+        if best is not None:
+            return best
+        return "wait" if self.fits(need) else None
+
+    def on_start(self, entry: Entry, slot: Slot) -> None:
+        self._reserved[slot.index] = self.reserved(slot) + entry.job.reserve_tokens
+
+    def on_finish(self, entry: Entry, slot: Slot) -> None:
+        self._reserved[slot.index] -= entry.job.reserve_tokens
+
+
+class KVProgress(Placement):
+    """The paper's promise turn by turn on the exact worst case (`kvgate.TurnGate` per engine)."""
+
+    def __init__(self, pool: Pool, policy: KVProgressPolicy) -> None:
+        super().__init__(pool)
+        self.policy = policy
+        self.recheck_interval_s = policy.recheck_interval_s
+        self.gates = {s.index: TurnGate(s.engine, policy) for s in pool.slots}
+
+    def reserved(self, slot: Slot) -> int:
+        gate = self.gates[slot.index]
+        return gate.bound(None, gate.progress())
+
+    def fits(self, reserve_tokens: int) -> bool:
+        return any(
+            s.alive
+            and reserve_tokens <= self.gates[s.index].largest(self.pool.total_and_free(s)[0])
+            for s in self.pool.slots
+        )
+
+    def too_large(self, entry: Entry) -> str:
+        return (
+            f"job needs {entry.job.reserve_tokens} KV tokens; no live engine can hold"
+            " that many for one turn"
+        )
+
+    def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
+        """The engine with the most room for the job's first turn at its maximum length; engines
+        whose own turns wait for room take no new job."""
+        job = entry.job
+        candidates = []
+        for slot in list(self.alive()):
+            gate = self.gates[slot.index]
+            if gate.waiting or gate.full():
+                continue
+            room = gate.cached_room(job.max_response_tokens)
+            if room is None:  # something changed here: read the engine again
+                room = gate.room(self.pool.total_and_free(slot)[0], job.max_response_tokens)
+            if room >= job.prompt_tokens:
+                candidates.append((room, -slot.index, slot))
+        for _, _, slot in sorted(candidates, key=lambda c: c[:2], reverse=True):
+            cap = self.pool.capacity(slot)
+            if slot.alive and (cap is None or job.prompt_tokens <= cap.free_tokens):
+                return slot
+        return "wait" if self.fits(job.reserve_tokens) else None
+
+    def on_start(self, entry: Entry, slot: Slot) -> None:
+        self.gates[slot.index].hold(
+            entry.index, entry.job.prompt_tokens, entry.job.max_response_tokens
+        )
+
+    def on_finish(self, entry: Entry, slot: Slot) -> None:
+        self.gates[slot.index].release(entry.index)
+
+    async def enter_turn(
+        self, slot: Slot, job: int, request_id: str, context: int, max_tokens: int
+    ) -> str:
+        gate = self.gates[slot.index]
+        if gate.has(request_id):  # its books are by request id: a second one would hide the first
+            return f"request id {request_id!r} is already running on engine {slot.engine.name}"
+        if gate.first_turn(job, request_id, context, max_tokens):
+            return ""  # admitted with its job
+        total, free = self.pool.total_and_free(slot)
+        if not slot.alive:  # its capacity probe just failed
+            raise EngineDeadError(f"engine {slot.engine.name} is dead: {slot.dead_reason}")
+        need, largest = context + max_tokens, gate.largest(total)
+        if need > largest:
+            return (
+                f"turn needs {need} KV tokens (context {context} + max_tokens {max_tokens});"
+                f" engine {slot.engine.name} can hold {largest} for one turn"
+            )
+        if not gate.waiting and gate.fits(context, max_tokens, total, free):
+            gate.admit(request_id, context, max_tokens)
+            return ""
+        turn = WaitingTurn(
+            request_id, context, max_tokens, asyncio.get_running_loop().create_future()
+        )
+        gate.waiting.append(turn)
+        self.pool.schedule_recheck()
+        try:
+            await turn.admitted
+        except asyncio.CancelledError:
+            if turn in gate.waiting:
+                gate.waiting.remove(turn)
+                gate.touch()  # the turns behind it may fit now
+                self.pool.dispatch()
+            else:
+                self.leave_turn(slot, job, request_id, None)
+            raise
+        return ""
+
+    def leave_turn(self, slot: Slot, job: int, request_id: str, out: Generation | None) -> None:
+        if self.gates[slot.index].leave(request_id):
+            self.pool.dispatch()
+
+    def before_dispatch(self) -> None:
+        """Admit waiting turns, oldest first on each engine, where something changed."""
+        for slot in list(self.alive()):
+            gate = self.gates[slot.index]
+            if not gate.dirty:
+                continue
+            gate.dirty = False
+            total, free = self.pool.total_and_free(slot)
+            while gate.waiting:
+                turn = gate.waiting[0]
+                if turn.admitted.done():  # its job was cancelled
+                    gate.waiting.popleft()
+                    continue
+                if not gate.fits(turn.context, turn.max_tokens, total, free):
+                    break
+                gate.waiting.popleft()
+                gate.admit(turn.request_id, turn.context, turn.max_tokens)
+                turn.admitted.set_result(None)
+        if any(self.gates[s.index].waiting for s in self.alive()):
+            self.pool.schedule_recheck()
+
+    def on_recheck(self) -> None:
+        for gate in self.gates.values():  # the engines moved on: every bound may have fallen
+            gate.touch()
