@@ -99,3 +99,22 @@ def test_a_written_config_reloads_to_the_same_engines():
         again = TrainerConfig.model_validate(written)
         for replica in (0, 1):
             assert again.engine_for("/m", replica) == config.engine_for("/m", replica)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sft.source=/nonexistent/sft.jsonl", "/nonexistent/sft.jsonl"),
+        ("eval.sources=[/nonexistent/aime.jsonl]", "eval.sources: /nonexistent/aime.jsonl"),
+        (
+            "curriculum.source={kind: jsonl, path: /nonexistent/rl.jsonl}",
+            "/nonexistent/rl.jsonl",
+        ),
+    ],
+)
+def test_data_mistakes_are_one_line_before_the_run_directory(tmp_path, capsys, override, message):
+    run_dir = tmp_path / "run"
+    assert main(["tiny", f"run.output_dir={run_dir}", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not run_dir.exists()

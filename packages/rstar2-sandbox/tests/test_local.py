@@ -248,3 +248,24 @@ def test_server_limits_are_ceilings(runner, sandbox):
         runner.run(ask(max_output_bytes=-1))
     small = runner.run(ask(max_output_bytes=10))
     assert small.status is S.OUTPUT_TRUNCATED
+
+
+def test_an_interpreter_under_tmp_is_refused_with_the_fix():
+    """Every call mounts its own /tmp: a Python tree there would vanish from under the call,
+    so the read-only root is refused with a line that says what to do (in a child process:
+    building the root changes the mount namespace of the process that does it)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from rstar2_sandbox import _confine\n"
+        "_confine.python_trees = lambda: ['/usr', '/tmp/venv']\n"
+        "conf = _confine.Confinements()\n"
+        "_confine.build_root(conf)\n"
+        "print('rootfs' in conf.active)\n"
+        "print(conf.unavailable.get('rootfs', ''))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    active, reason = out.stdout.splitlines()[:2]
+    assert active == "False"
+    assert "/tmp/venv lives under /tmp" in reason and "outside /tmp" in reason

@@ -211,8 +211,15 @@ def build_root(conf: Confinements) -> None:
             conf.unavailable[name] = f"no private mount namespace: {exc}"
         return
     conf.active.append("mountns")
+    hidden = [t for t in python_trees() if t == "/tmp" or t.startswith("/tmp/")]
+    if hidden:  # each call mounts its own /tmp, which would hide the interpreter from it
+        conf.unavailable["rootfs"] = (
+            f"the Python tree {hidden[0]} lives under /tmp, which every call replaces with a "
+            "private one: install Python (the virtualenv) outside /tmp"
+        )
+        return
     try:
-        # Hold every source before the new root covers /tmp (a virtualenv may live there).
+        # Hold every source before the new root covers /tmp.
         sources: list[tuple[str, int, bool]] = []  # path, O_PATH fd, is a directory
         links: list[tuple[str, str]] = []
         for path in _SYSTEM_DIRS:
