@@ -136,8 +136,10 @@ def test_the_engine_is_rstar2_rollouts_engine_config_and_auto_stays_auto():
     assert default.model.engine is None  # type: ignore[union-attr]
     assert default.model_dump(mode="json")["model"]["engine"] == "auto"  # as before: resumes match
     assert load_config("paper", BASE, ["model.engine=auto"]) == default
-    hf = load_config("paper", BASE, ["model.engine=transformers"]).model.engine  # the old name
-    assert hf == HFEngineConfig() == load_config("paper", BASE, ["model.engine=hf"]).model.engine
+    old_name = load_config("paper", BASE, ["model.engine=transformers"]).model
+    new_name = load_config("paper", BASE, ["model.engine=hf"]).model
+    assert isinstance(old_name, LocalModel) and isinstance(new_name, LocalModel)
+    assert old_name.engine == HFEngineConfig() == new_name.engine  # transformers: hf's old name
     tuned = load_config("paper", BASE, ["model.engine.kind=vllm", "model.engine.max_num_seqs=8"])
     assert tuned.model.engine == VLLMEngineConfig(max_num_seqs=8)  # type: ignore[union-attr]
     dumped = tuned.model_dump(mode="json")

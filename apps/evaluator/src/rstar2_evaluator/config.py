@@ -197,6 +197,9 @@ class EvalConfig(_Frozen):
         description="Stop after this many samples failed for the engine or the tool (not the "
         "model); they are not recorded and a rerun retries them.",
     )
+    max_tool_response_chars: int | None = Field(
+        default=None, gt=0, description="Truncate tool output in the middle to this many chars."
+    )
     tool_timeout_s: float | None = Field(
         default=None, gt=0, description="Wall limit of one tool call; None: the sandbox's default."
     )

@@ -79,6 +79,7 @@ def rollout_config(config: EvalConfig, context: int | None) -> RolloutConfig:
         max_response_tokens=config.max_response_tokens,
         max_context_tokens=context,
         tool_timeout_s=config.tool_timeout_s,
+        max_tool_response_chars=config.max_tool_response_chars,
         max_concurrency=config.concurrency,
         seed=config.seed,
         system_prompt=config.system_prompt,

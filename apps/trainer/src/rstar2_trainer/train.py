@@ -338,13 +338,23 @@ async def save(run: Run) -> None:
 
 def final_eval_command(config: TrainerConfig) -> str:
     """The `rstar2-eval` settings that reproduce the run's last held-out evaluation."""
-    e = config.eval
-    return (
-        f"system_prompt={config.rollout.system_prompt} samples={e.samples} "
-        f"temperature={e.temperature} max_turns={e.max_turns} "
-        f"max_response_tokens={e.max_response_tokens} seed={e.seed} "
-        f"reward.graded={config.reward.graded} reward.truncated={config.reward.truncated}"
-    )
+    e, r = config.eval, config.rollout
+    settings = [
+        f"system_prompt={r.system_prompt}",
+        f"samples={e.samples}",
+        f"temperature={e.temperature}",
+        f"top_p={r.top_p}",
+        f"max_turns={e.max_turns}",
+        f"max_response_tokens={e.max_response_tokens}",
+        f"seed={e.seed}",
+        f"reward.graded={config.reward.graded}",
+        f"reward.truncated={config.reward.truncated}",
+    ]
+    if r.tool_timeout_s is not None:
+        settings.append(f"tool_timeout_s={r.tool_timeout_s}")
+    if r.max_tool_response_chars is not None:
+        settings.append(f"max_tool_response_chars={r.max_tool_response_chars}")
+    return " ".join(settings)
 
 
 def tokenizer_corpus(problems: list, traces: list, style: str = "paper") -> list[str]:
