@@ -201,6 +201,9 @@ def _pivot_root(root: str) -> None:
     os.chdir("/")
 
 
+UNDER_TMP: list[str] = []  # Python trees under /tmp (a virtualenv there), set by build_root
+
+
 def build_root(conf: Confinements) -> None:
     """Replace the zygote's view of the host by a read-only tree of what Python needs."""
     try:
@@ -211,15 +214,11 @@ def build_root(conf: Confinements) -> None:
             conf.unavailable[name] = f"no private mount namespace: {exc}"
         return
     conf.active.append("mountns")
-    hidden = [t for t in python_trees() if t == "/tmp" or t.startswith("/tmp/")]
-    if hidden:  # each call mounts its own /tmp, which would hide the interpreter from it
-        conf.unavailable["rootfs"] = (
-            f"the Python tree {hidden[0]} lives under /tmp, which every call replaces with a "
-            "private one: install Python (the virtualenv) outside /tmp"
-        )
-        return
+    trees = python_trees()
+    # A call mounts its own /tmp, which would hide these; it binds them back (confine_call).
+    UNDER_TMP[:] = [t for t in trees if t.startswith("/tmp/")]
     try:
-        # Hold every source before the new root covers /tmp.
+        # Hold every source before the new root covers /tmp (a virtualenv may live there).
         sources: list[tuple[str, int, bool]] = []  # path, O_PATH fd, is a directory
         links: list[tuple[str, str]] = []
         for path in _SYSTEM_DIRS:
@@ -233,7 +232,7 @@ def build_root(conf: Confinements) -> None:
                 links.append((path, os.readlink(path)))
             elif os.path.isfile(path):
                 sources.append((path, os.open(path, os.O_PATH), False))
-        for tree in python_trees():
+        for tree in trees:
             sources.append((tree, os.open(tree, os.O_PATH), True))
         devices = [(f"/dev/{d}", os.open(f"/dev/{d}", os.O_PATH)) for d in _DEVICES]
         root = "/tmp"
@@ -250,7 +249,7 @@ def build_root(conf: Confinements) -> None:
         for path, destination in links:
             os.makedirs(os.path.dirname(root + path), mode=0o755, exist_ok=True)
             os.symlink(destination, root + path)
-        os.makedirs(root + "/tmp", mode=0o755)
+        os.makedirs(root + "/tmp", mode=0o755, exist_ok=True)  # holds the trees under /tmp
         conf.active.append("rootfs")
     except OSError as exc:
         conf.unavailable["rootfs"] = str(exc)
@@ -342,9 +341,14 @@ def confine_call(uid: int | None, limits: CallLimits, seccomp: bool, private_tmp
         os._exit(70)
     if private_tmp:
         _unshare(_CLONE_NEWNS)
+        held = [(tree, os.open(tree, os.O_PATH | os.O_DIRECTORY)) for tree in UNDER_TMP]
         owner = f",uid={uid},gid={uid}" if uid is not None else ""
         options = f"size={limits.tmp_bytes},nr_inodes=4096,mode=0700{owner}"
         _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+        for tree, fd in held:  # the interpreter's trees under /tmp, read-only again
+            os.makedirs(tree, mode=0o755, exist_ok=True)
+            _bind_readonly(fd, tree, f"/proc/self/fd/{fd}")
+            os.close(fd)
         os.chdir("/tmp")
     if limits.cpu_s is not None:
         cpu = max(1, int(limits.cpu_s + 0.999))
