@@ -33,9 +33,15 @@ from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.batching import response_logprobs, token_budget_chunks
 from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.distributed import Row, StepResult, make_micro_batch, train_step
+from rstar2_trainer.distributed import Row, make_micro_batch, train_step
 from rstar2_trainer.precision import Precision
-from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.update import (
+    WorkerPolicyLoss,
+    make_optimizer,
+    merge_steps,
+    mini_batches,
+    policy_rows,
+)
 
 
 class Policy(Protocol):
@@ -56,34 +62,6 @@ class Policy(Protocol):
     async def reset_optimizer(self) -> None: ...
 
     async def export_into(self, model: torch.nn.Module) -> None: ...
-
-
-def mini_batches(rows: Sequence[Row], count: int) -> list[list[Row]]:
-    """`rows` cut into `count` contiguous, near-equal mini-batches (fewer when rows are few)."""
-    count = max(1, min(count, len(rows)))
-    size, extra = divmod(len(rows), count)
-    out, start = [], 0
-    for k in range(count):
-        end = start + size + (1 if k < extra else 0)
-        out.append(list(rows[start:end]))
-        start = end
-    return out
-
-
-def merge_steps(steps: Sequence[StepResult]) -> dict[str, float]:
-    """One update's metrics: the means over its optimizer steps, and how many there were."""
-    n = len(steps)
-    keys = sorted({k for s in steps for k in s.metrics})
-    out = {
-        "loss": sum(s.loss for s in steps) / n,
-        "grad_norm": sum(s.grad_norm for s in steps) / n,
-        "train_tokens": steps[0].tokens if n == 1 else sum(s.tokens for s in steps),
-        "train_micro_batches": max(s.micro_batches for s in steps),
-        "optim_steps": n,
-    }
-    for key in keys:
-        out[key] = sum(s.metrics.get(key, 0.0) for s in steps) / n
-    return out
 
 
 class DriverPolicy:

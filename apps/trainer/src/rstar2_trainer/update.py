@@ -18,7 +18,7 @@ import torch
 
 from rstar2_algos import AlgoConfig, build_algorithm
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.distributed import MicroBatch, Row
+from rstar2_trainer.distributed import MicroBatch, Row, StepResult
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,31 @@ def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
     if warmup_steps <= 0:
         return lr
     return lr * min(1.0, (step + 1) / warmup_steps)
+
+
+def mini_batches(rows: Sequence[Row], count: int) -> list[list[Row]]:
+    """`rows` cut into `count` contiguous, near-equal mini-batches (fewer when rows are few)."""
+    count = max(1, min(count, len(rows)))
+    size, extra = divmod(len(rows), count)
+    out, start = [], 0
+    for k in range(count):
+        end = start + size + (1 if k < extra else 0)
+        out.append(list(rows[start:end]))
+        start = end
+    return out
+
+
+def merge_steps(steps: Sequence[StepResult]) -> dict[str, float]:
+    """One update's metrics: the means over its optimizer steps, and how many there were."""
+    n = len(steps)
+    keys = sorted({k for s in steps for k in s.metrics})
+    out = {
+        "loss": sum(s.loss for s in steps) / n,
+        "grad_norm": sum(s.grad_norm for s in steps) / n,
+        "train_tokens": steps[0].tokens if n == 1 else sum(s.tokens for s in steps),
+        "train_micro_batches": max(s.micro_batches for s in steps),
+        "optim_steps": n,
+    }
+    for key in keys:
+        out[key] = sum(s.metrics.get(key, 0.0) for s in steps) / n
+    return out

@@ -45,7 +45,7 @@ from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.distributed import DistributedConfig
 from rstar2_trainer.train_workers import TrainGroup, sync_to_engines
-from rstar2_trainer.update import WorkerPolicyLoss, policy_rows
+from rstar2_trainer.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
 
@@ -68,8 +68,6 @@ class WorkerPolicy:
         temperature: float,
     ) -> dict[str, float]:
         """One rank step per mini-batch; the metrics `DriverPolicy.update` gives."""
-        from rstar2_trainer.policy import merge_steps, mini_batches
-
         parts = mini_batches(policy_rows(kept, advantages), self.config.optim.mini_batches)
         if min(len(p) for p in parts) < len(self.group.actors):
             raise ValueError(
