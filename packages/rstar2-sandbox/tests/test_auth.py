@@ -62,7 +62,8 @@ def test_only_callers_with_the_token_are_served(server, token_file) -> None:
 
     missing, wrong, right = asyncio.run(main())
     for refused in (missing, wrong):
-        assert refused.status is ExecutionStatus.REJECTED
+        # a refusal by the servers is the sandbox's failure, never the model's tool error
+        assert refused.status is ExecutionStatus.SANDBOX_ERROR
         assert refused.message == f"{address}: UNAUTHENTICATED: {DENIED}"
     assert (right.status, right.result_repr) == (ExecutionStatus.OK, "42")
 
