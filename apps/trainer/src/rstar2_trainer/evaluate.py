@@ -45,29 +45,15 @@ async def evaluate(
     on_done: Callable[[], None] | None = None,
 ) -> tuple[dict[str, float | None], Collected]:
     """Accuracy and trajectory statistics of the current policy on `problems`."""
-    rollout = base.model_copy(
-        update={
-            "temperature": config.temperature,
-            "max_turns": config.max_turns,
-            "max_response_tokens": config.max_response_tokens,
-            "seed": config.seed,
-        }
+    sampling = {
+        "temperature": config.temperature,
+        "max_turns": config.max_turns,
+        "max_response_tokens": config.max_response_tokens,
+        "seed": config.seed,
+    }
+    return await _accuracy(
+        parts, problems, config.samples, base.model_copy(update=sampling), on_done
     )
-    collected = await collect(
-        parts.source,
-        parts.scorer,
-        problems,
-        config.samples,
-        rollout,
-        meters=parts.engines,
-        on_done=on_done,
-    )
-    stats = trajectory_stats(collected.trajectories)
-    stats["accuracy"] = stats.pop("reward", 0.0)
-    stats["problems"] = len(problems)
-    stats["samples"] = config.samples
-    stats["failed_jobs"] = len(collected.failed_jobs)
-    return stats, collected
 
 
 async def evaluate_benchmark(
@@ -78,20 +64,29 @@ async def evaluate_benchmark(
     on_done: Callable[[], None] | None = None,
 ) -> tuple[dict[str, float | None], Collected]:
     """avg@k and trajectory statistics of the current policy on a benchmark's problems."""
-    rollout = base.model_copy(
-        update={
-            "temperature": protocol.temperature,
-            "top_p": protocol.top_p,
-            "max_turns": protocol.max_turns,
-            "max_response_tokens": protocol.max_response_tokens,
-            "seed": protocol.seed,
-        }
-    )
+    sampling = {
+        "temperature": protocol.temperature,
+        "top_p": protocol.top_p,
+        "max_turns": protocol.max_turns,
+        "max_response_tokens": protocol.max_response_tokens,
+        "seed": protocol.seed,
+    }
+    rollout = base.model_copy(update=sampling)
+    return await _accuracy(parts, problems, protocol.samples, rollout, on_done)
+
+
+async def _accuracy(
+    parts: Parts,
+    problems: Sequence[Problem],
+    samples: int,
+    rollout: RolloutConfig,
+    on_done: Callable[[], None] | None,
+) -> tuple[dict[str, float | None], Collected]:
     collected = await collect(
         parts.source,
         parts.scorer,
         problems,
-        protocol.samples,
+        samples,
         rollout,
         meters=parts.engines,
         on_done=on_done,
@@ -99,6 +94,6 @@ async def evaluate_benchmark(
     stats = trajectory_stats(collected.trajectories)
     stats["accuracy"] = stats.pop("reward", 0.0)
     stats["problems"] = len(problems)
-    stats["samples"] = protocol.samples
+    stats["samples"] = samples
     stats["failed_jobs"] = len(collected.failed_jobs)
     return stats, collected
