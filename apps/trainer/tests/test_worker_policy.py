@@ -29,11 +29,11 @@ from transformers import AutoModelForCausalLM
 from rstar2_algos import GrpoRocConfig, build_algorithm
 from rstar2_rollout.tiny import build_tiny_model
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.batching import make_batch, response_logprobs
-from rstar2_trainer.checkpoint import load_latest
-from rstar2_trainer.distributed import train_step
 from rstar2_trainer.rundir import read_metrics
-from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.rundir.checkpoint import load_latest
+from rstar2_trainer.training.batching import make_batch, response_logprobs
+from rstar2_trainer.training.distributed import train_step
+from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -195,8 +195,8 @@ def test_driver_policy_mini_batches_make_the_clip_act(tmp_path):
     taken before the first, so the ratio leaves 1 and clip fractions rise above zero; with one
     step the ratio is 1 and nothing is clipped."""
     from rstar2_trainer.config import load_config
-    from rstar2_trainer.policy import DriverPolicy
-    from rstar2_trainer.precision import FP32_CPU
+    from rstar2_trainer.training.policy import DriverPolicy
+    from rstar2_trainer.training.precision import FP32_CPU
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     kept, advantages = _kept()
@@ -222,9 +222,9 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
     import ray
 
     from rstar2_rollout.engine import SamplingParams
-    from rstar2_trainer.cluster import connect, start_engines
     from rstar2_trainer.config import load_config
-    from rstar2_trainer.worker_policy import open_worker_policy
+    from rstar2_trainer.placement.cluster import connect, start_engines
+    from rstar2_trainer.training.worker_policy import open_worker_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     reference, expected = _reference(model_dir)
@@ -335,7 +335,7 @@ def _policy_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
-    from rstar2_trainer.sharded_checkpoint import load_sharded
+    from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
 
     run_dir = tmp_path / "run"
     code, out = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *CLUSTER_RUN])

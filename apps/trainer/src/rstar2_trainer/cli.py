@@ -19,8 +19,8 @@ import yaml
 
 from rstar2_curriculum import DataError
 from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
+from rstar2_trainer.placement.servers import ServerError
 from rstar2_trainer.rundir import new_run_dir, write_config
-from rstar2_trainer.servers import ServerError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rstar2_trainer.export import export_checkpoint
+    from rstar2_trainer.rundir.export import export_checkpoint
 
     run_dir = Path(args.export)
     out = export_checkpoint(run_dir, args.step, Path(args.to) if args.to else None)
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
             return 0
         config, where, resume = _resolve(args)
-        from rstar2_trainer.build import check_local_engines
         from rstar2_trainer.data import load_run_data, write_reports
+        from rstar2_trainer.placement.local import check_local_engines
 
         check_local_engines(config)
         data = load_run_data(config, resume=resume)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         write_config(run_dir, config)
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
-    from rstar2_trainer.cluster import ClusterError
+    from rstar2_trainer.placement.cluster import ClusterError
     from rstar2_trainer.train import run
 
     try:

@@ -48,7 +48,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rstar2_trainer.batching import Batch, make_batch, response_logprobs, token_budget_chunks
+from rstar2_trainer.training.batching import (
+    Batch,
+    make_batch,
+    response_logprobs,
+    token_budget_chunks,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -41,11 +41,11 @@ from typing import Any
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.distributed import DistributedConfig
-from rstar2_trainer.train_workers import TrainGroup, sync_to_engines
-from rstar2_trainer.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
+from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
+from rstar2_trainer.training.distributed import DistributedConfig
+from rstar2_trainer.training.train_workers import TrainGroup, sync_to_engines
+from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
 
@@ -151,7 +151,7 @@ async def open_worker_policy(
     config: TrainerConfig, model_dir: Path, *, pad_id: int
 ) -> AsyncIterator[WorkerPolicy | None]:
     """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after."""
-    from rstar2_trainer.cluster import ClusterError
+    from rstar2_trainer.placement.cluster import ClusterError
 
     cluster = config.cluster
     if cluster is None or cluster.train_workers == 0:

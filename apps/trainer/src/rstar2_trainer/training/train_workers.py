@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rstar2_trainer.distributed import DistributedConfig, Row, StepResult, TokenLoss
-from rstar2_trainer.weight_sync import SyncTimes, sleepers
+from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
+from rstar2_trainer.training.weight_sync import SyncTimes, sleepers
 
 
 def sft_loss(logp: Any, mb: Any) -> Any:
@@ -79,7 +79,7 @@ class TrainWorker:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rstar2_trainer.distributed import init_distributed, shard_model
+        from rstar2_trainer.training.distributed import init_distributed, shard_model
 
         host, port = master.rsplit(":", 1)
         os.environ.update(
@@ -110,7 +110,7 @@ class TrainWorker:
         max_grad_norm: float | None,
         options: dict[str, Any] | None = None,
     ) -> StepResult:
-        from rstar2_trainer.distributed import train_step
+        from rstar2_trainer.training.distributed import train_step
 
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -129,7 +129,7 @@ class TrainWorker:
 
     def full_state(self) -> list[tuple[str, Any]]:
         """The unsharded weights (collective); rank 0 returns them, the others []."""
-        from rstar2_trainer.distributed import full_state_dict
+        from rstar2_trainer.training.distributed import full_state_dict
 
         return list(full_state_dict(self.model).items())
 
@@ -144,18 +144,18 @@ class TrainWorker:
         set_model_state_dict(self.model, dict(named_tensors), options=options)
 
     def save(self, root: str, step: int, keep: int) -> str:
-        from rstar2_trainer.sharded_checkpoint import save_sharded
+        from rstar2_trainer.rundir.sharded_checkpoint import save_sharded
 
         path = save_sharded(Path(root), step, model=self.model, optimizer=self.optimizer, keep=keep)
         return str(path)
 
     def load(self, path: str) -> dict[str, Any]:
-        from rstar2_trainer.sharded_checkpoint import load_sharded
+        from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
 
         return load_sharded(Path(path), model=self.model, optimizer=self.optimizer)
 
     def close(self) -> None:
-        from rstar2_trainer.distributed import close_distributed
+        from rstar2_trainer.training.distributed import close_distributed
 
         close_distributed()
 
@@ -217,7 +217,7 @@ class TrainGroup:
         """One optimizer step over all rows, split across the ranks; rank 0's result.
 
         `options` go to `distributed.train_step` (normalize_by, temperature, with_entropy)."""
-        from rstar2_trainer.distributed import partition_rows
+        from rstar2_trainer.training.distributed import partition_rows
 
         shards = partition_rows(rows, len(self.actors))
         calls = [
@@ -275,7 +275,7 @@ async def sync_to_engines(group: TrainGroup, engines: Sequence[Any]) -> SyncTime
 
     Sleeping engines are woken as `weight_sync.push_weights` does: weights, load, KV cache.
     `load_s` is the gather on the ranks plus the slowest engine's load."""
-    from rstar2_trainer.cluster import ray_engines
+    from rstar2_trainer.placement.cluster import ray_engines
 
     start = time.perf_counter()
     asleep = [e for e in sleepers(engines) if e.sleeping]

@@ -61,8 +61,8 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
 
     import torch
 
-    from rstar2_trainer.build import load_policy
-    from rstar2_trainer.checkpoint import save_policy
+    from rstar2_trainer.placement.local import load_policy
+    from rstar2_trainer.rundir.checkpoint import save_policy
 
     model, tokenizer = load_policy(model_dir)
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))

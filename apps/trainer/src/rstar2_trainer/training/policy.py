@@ -30,12 +30,12 @@ from typing import Any, Protocol
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.batching import response_logprobs, token_budget_chunks
-from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.distributed import Row, make_micro_batch, train_step
-from rstar2_trainer.precision import Precision
-from rstar2_trainer.update import (
+from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
+from rstar2_trainer.training.batching import response_logprobs, token_budget_chunks
+from rstar2_trainer.training.distributed import Row, make_micro_batch, train_step
+from rstar2_trainer.training.precision import Precision
+from rstar2_trainer.training.update import (
     WorkerPolicyLoss,
     make_optimizer,
     merge_steps,
@@ -129,7 +129,7 @@ class DriverPolicy:
         return out
 
     async def sync(self, parts: Any) -> dict[str, float]:
-        from rstar2_trainer.weight_sync import push_weights
+        from rstar2_trainer.training.weight_sync import push_weights
 
         if parts.remote is not None:
             return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
@@ -177,7 +177,7 @@ async def open_policy(
     pad_id: int,
 ) -> AsyncIterator[Policy]:
     """The run's policy: on `cluster.train_workers` FSDP2 ranks, or in the driver."""
-    from rstar2_trainer.worker_policy import open_worker_policy
+    from rstar2_trainer.training.worker_policy import open_worker_policy
 
     async with open_worker_policy(config, model_dir, pad_id=pad_id) as workers:
         yield (
