@@ -127,6 +127,21 @@ class TrainWorker:
             **(options or {}),
         )
 
+    def logprobs(
+        self, rows: Sequence[Row], pad_id: int, micro_batch_tokens: int, temperature: float
+    ) -> list[list[float]]:
+        """This rank's rows' response logprobs under the current weights (collective)."""
+        from rstar2_trainer.training.distributed import row_logprobs
+
+        return row_logprobs(
+            self.model,
+            rows,
+            pad_id=pad_id,
+            micro_batch_tokens=micro_batch_tokens,
+            device=self.world.device,
+            temperature=temperature,
+        )
+
     def full_state(self) -> list[tuple[str, Any]]:
         """The unsharded weights (collective); rank 0 returns them, the others []."""
         from rstar2_trainer.training.distributed import full_state_dict
@@ -225,6 +240,23 @@ class TrainGroup:
             for a, shard in zip(self.actors, shards, strict=True)
         ]
         return (await asyncio.gather(*calls))[0]
+
+    async def with_old_logprobs(
+        self, rows: Sequence[Row], *, pad_id: int, micro_batch_tokens: int, temperature: float
+    ) -> list[Row]:
+        """The rows, in their order, each with `values["old_logp"]` computed on the ranks."""
+        from rstar2_trainer.training.distributed import partition_indices, with_values
+
+        parts = partition_indices(rows, len(self.actors))
+        calls = [
+            a.logprobs.remote([rows[i] for i in part], pad_id, micro_batch_tokens, temperature)
+            for a, part in zip(self.actors, parts, strict=True)
+        ]
+        logps: list[list[float]] = [[] for _ in rows]
+        for part, got in zip(parts, await asyncio.gather(*calls), strict=True):
+            for i, logp in zip(part, got, strict=True):
+                logps[i] = logp
+        return with_values(rows, "old_logp", logps)
 
     async def load_state(self, named_tensors: Any) -> None:
         """Full weights into every rank's shards (one object-store copy for all ranks)."""
