@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         config, where, resume = _resolve(args)
         from rstar2_trainer.build import check_local_engines
         from rstar2_trainer.data import load_run_data, write_reports
+        from rstar2_trainer.tracking import check_trackers
 
         check_local_engines(config)
+        check_trackers(config.run)
         data = load_run_data(config, resume=resume)
     except (ConfigError, DataError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
