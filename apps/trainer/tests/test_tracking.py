@@ -4,8 +4,12 @@ TensorBoard reads it, and a resume that continues the same tracked runs with no 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +21,24 @@ from rstar2_trainer.rundir import read_metrics
 from rstar2_trainer.tracking import check_trackers, open_trackers, read_state
 
 ALL = ["jsonl", "tensorboard", "wandb", "mlflow"]
+# test_rl_step's run: the transformers engine, sandbox and grader in process, tiny sizes.
+FAST = [
+    "model.layers=1",
+    "model.hidden_size=64",
+    "model.vocab_size=512",
+    "engine={kind: hf}",
+    "scheduler.policy={kind: least_requests}",
+    "tool.kind=local",
+    "verify_service.mode=local",
+    "sft.enabled=false",
+    "eval.problems=2",
+    "eval.max_response_tokens=24",
+    "curriculum.batch_size=1",
+    "curriculum.source.n=8",
+    "curriculum.tiny.max_response_tokens=[24,24,24]",
+    "algo.group_size=2",
+    "algo.filtering=none",
+]
 CONFIG = {"run": {"seed": 7, "name": "t"}, "algo": {"name": "grpo_roc", "group_size": 2}}
 
 
@@ -202,3 +224,66 @@ def test_a_missing_extra_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, e
     assert err.count("\n") == 1
     assert f'pip install "rstar2-trainer[{extra}]"' in err
     assert not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path):
+    """The real trainer (the in-process engine of test_rl_step): killed after RL step 3, whose
+    checkpoint (every 2 steps) never came, then resumed to the end."""
+    run_dir = tmp_path / "run"
+    args = [
+        "tiny",
+        f"run.output_dir={run_dir}",
+        *FAST,
+        "run.trackers=[jsonl,tensorboard,wandb,mlflow]",
+        "run.wandb.mode=offline",
+        "run.checkpoint_every=2",
+        "curriculum.tiny.steps=[1,1,2]",
+        "run.plots=true",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rstar2_trainer.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # wandb's service process goes down with the run
+    )
+    deadline = time.monotonic() + 600
+    rl = lambda: [r for r in read_metrics(run_dir) if r["phase"] == "rl"]  # noqa: E731
+    while time.monotonic() < deadline and proc.poll() is None and len(rl()) < 3:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
+    client = mlflow_client(run_dir)
+    run_id = read_state(run_dir)["mlflow"]["run_id"]
+    held = client.get_metric_history(run_id, "rl/reward")
+    assert sorted(m.step for m in held) == [1, 2]  # step 3 waits for its checkpoint
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rstar2_trainer.cli", "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    want = [1, 2, 3, 4]
+    assert [r["step"] for r in rl()] == want
+    rewards = [round(r["reward"], 6) for r in rl()]
+    assert [s for s, _ in tensorboard_scalars(run_dir / "tb", "rl/reward")] == want
+    assert [v for _, v in tensorboard_scalars(run_dir / "tb", "rl/reward")] == rewards
+
+    (first_id, first), (second_id, second) = wandb_records(run_dir)
+    assert first_id == second_id
+    rows = [row for row in wandb_history(first) + wandb_history(second) if "rl/step" in row]
+    assert [row["rl/step"] for row in rows] == want
+    assert wandb_config(first)["run"]["checkpoint_every"] == 2  # type: ignore[index]
+
+    assert read_state(run_dir)["mlflow"]["run_id"] == run_id
+    history = client.get_metric_history(run_id, "rl/reward")
+    assert sorted(m.step for m in history) == want
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["run.checkpoint_every"] == "2"
+    plots = {a.path for a in client.list_artifacts(run_id, "plots")}
+    assert "plots/reward.png" in plots

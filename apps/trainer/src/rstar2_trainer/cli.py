@@ -118,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
     from rstar2_trainer.cluster import ClusterError
+    from rstar2_trainer.logs import quiet
     from rstar2_trainer.train import run
 
     try:
-        run(config, run_dir, resume=resume, data=data)
+        with quiet(run_dir, config.run.log_level):  # the libraries' logs to RUN_DIR/logs/run.log
+            run(config, run_dir, resume=resume, data=data)
     except (ServerError, ClusterError, SandboxStartError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1
