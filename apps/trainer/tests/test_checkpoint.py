@@ -5,7 +5,7 @@ import torch
 
 from rstar2_trainer.rundir import read_metrics, truncate_metrics
 from rstar2_trainer.rundir.checkpoint import load_latest, save_checkpoint
-from rstar2_trainer.tracking import JsonlTracker
+from rstar2_trainer.rundir.tracking import JsonlTracker
 
 
 def _model():

@@ -19,7 +19,7 @@ import pytest
 from rstar2_trainer.cli import main
 from rstar2_trainer.config import ConfigError, RunConfig, load_config
 from rstar2_trainer.rundir import read_metrics
-from rstar2_trainer.tracking import check_trackers, open_trackers, read_state
+from rstar2_trainer.rundir.tracking import check_trackers, open_trackers, read_state
 
 ALL = ["jsonl", "tensorboard", "wandb", "mlflow"]
 # test_rl_step's run: the transformers engine, sandbox and grader in process, tiny sizes.

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         config, where, resume = _resolve(args)
         from rstar2_trainer.data import load_run_data, write_reports
         from rstar2_trainer.placement.local import check_local_engines
-        from rstar2_trainer.tracking import check_trackers
+        from rstar2_trainer.rundir.tracking import check_trackers
 
         check_local_engines(config)
         check_trackers(config.run)
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         write_config(run_dir, config)
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
-    from rstar2_trainer.logs import quiet
     from rstar2_trainer.placement.cluster import ClusterError
+    from rstar2_trainer.rundir.logs import quiet
     from rstar2_trainer.train import run
 
     try:

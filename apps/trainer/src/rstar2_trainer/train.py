@@ -47,8 +47,8 @@ from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
 from rstar2_trainer.rundir import report
 from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_policy
+from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
-from rstar2_trainer.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.training.policy import Policy, open_policy
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import warmup_lr
