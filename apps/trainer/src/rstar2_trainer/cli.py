@@ -1,7 +1,8 @@
 """`rstar2-train [RECIPE] [a.b=value ...]`, `rstar2-train --resume RUN_DIR`, and
-`rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder).
+`rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder), and
+`rstar2-train --help-config [SECTION]` (every config key with its type, default and description).
 
-A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run, data
+A user mistake (an unknown recipe, a wrong key or value (every one of them, a line each), a run directory that is not a run, data
 that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr and
 exit code 2, never a traceback; the data is read before the run directory is made, so a
 mistake leaves nothing behind. A service that fails (a port in use, a
@@ -18,7 +19,14 @@ from pathlib import Path
 import yaml
 
 from rstar2_curriculum import DataError
-from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
+from rstar2_trainer._keys import OverrideError, help_text
+from rstar2_trainer.config import (
+    ConfigError,
+    TrainerConfig,
+    load_config,
+    recipes,
+    validate_config,
+)
 from rstar2_trainer.rundir import new_run_dir, write_config
 from rstar2_trainer.servers import ServerError
 
@@ -45,7 +53,29 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--to", metavar="OUT", help="with --export: where (default: RUN_DIR/policy_step_N)"
     )
+    parser.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        action=HelpConfig,
+        help="list every config key (or SECTION's: optim, engine, ...) with its type, default "
+        "and description, exit",
+    )
     return parser
+
+
+class HelpConfig(argparse.Action):
+    """`--help-config [SECTION]`: the schema's keys on stdout, exit 0; an unknown section is one
+    line on stderr, exit 2. Like --help, it acts as soon as it is parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        try:
+            text = help_text(TrainerConfig, str(values or ""))
+        except OverrideError as exc:
+            parser.exit(2, f"rstar2-train: {exc}\n")
+        sys.stdout.write(text)
+        parser.exit(0)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -69,7 +99,7 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
             raise ConfigError(f"{run_dir} is not a run directory (no config.yaml in it)")
         if args.overrides or args.recipe != "tiny":
             raise ConfigError("--resume continues a run as it was configured; drop the recipe")
-        config = TrainerConfig.model_validate(yaml.safe_load(saved.read_text()))
+        config = validate_config(yaml.safe_load(saved.read_text()), str(saved))
         return config, run_dir, True
     recipe, overrides = args.recipe, list(args.overrides)
     if "=" in recipe:  # `rstar2-train a.b=1` means the default recipe with an override
@@ -104,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         check_local_engines(config)
         data = load_run_data(config, resume=resume)
     except (ConfigError, DataError) as exc:
-        print(f"rstar2-train: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():  # one line per mistake
+            print(f"rstar2-train: {line}", file=sys.stderr)
         return 2
     if where is None:
         run_dir = new_run_dir(config.run.runs_root, config.run.name)
