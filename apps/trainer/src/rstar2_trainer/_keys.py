@@ -49,7 +49,8 @@ def _members(annotation: Any) -> list[Any]:
     """The arms of a union (None left out), or the one type."""
     annotation = _strip(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [_strip(a) for a in typing.get_args(annotation) if a is not type(None)]
+        arms = [_members(a) for a in typing.get_args(annotation) if a is not type(None)]
+        return [arm for nested in arms for arm in nested]  # `(A | B) | None`: A, B
     return [annotation]
 
 
@@ -181,6 +182,8 @@ def _issue(error: Any, model: type[BaseModel]) -> _Issue:
             variant = f"{'.'.join(path)}.{name} {part}"
             annotation = tagged[part]
             continue
+        if isinstance(part, str) and part.startswith("function-"):  # a validator's wrapper
+            continue
         if isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool")):
             # an arm of a plain union (`str | list[X]`): follow the list arm
             item = _item_type(annotation) if part.startswith(("list[", "tuple[")) else None
@@ -237,7 +240,9 @@ def error_lines(exc: ValidationError, model: type[BaseModel]) -> list[str]:
             parent = issue.key.rpartition(".")[0]
             unknown.setdefault((parent, issue.variant), []).append(issue)
             continue
-        where = f" for {issue.variant}" if issue.variant else ""
+        # a validator's message says what to do; a missing key or a wrong type gets the variant
+        said = issue.type in ("value_error", "assertion_error", "union_tag_invalid")
+        where = f" for {issue.variant}" if issue.variant and not said else ""
         got = ""
         scalar = isinstance(issue.input, str | int | float | bool) or issue.input is None
         if issue.type not in ("missing", "value_error", "assertion_error") and scalar:
