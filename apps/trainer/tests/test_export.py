@@ -78,7 +78,7 @@ def test_mistakes_are_one_line_and_exit_2(run_dir, tmp_path, capsys, argv, messa
 
 def test_a_checkpoint_without_weights_is_refused(run_dir):
     (run_dir / "checkpoints" / "step_000005" / "model.pt").unlink()
-    with pytest.raises(ConfigError, match="holds no weights: neither step_000005/model.pt nor"):
+    with pytest.raises(ConfigError, match=r"holds no weights: neither step_000005/model\.pt nor"):
         export_checkpoint(run_dir, 5)
 
 
