@@ -322,6 +322,22 @@ class RemoteRolloutConfig(_Section):
     )
 
 
+class InitConfig(_Section):
+    """A new run that starts from another run's checkpoint instead of SFT (`--init-from`)."""
+
+    run: Path = Field(description="The run directory whose checkpoint the policy starts from.")
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The checkpoint's RL step; None: the latest (the new run records the step).",
+    )
+    include: list[Literal["optimizer", "curriculum"]] = Field(
+        default_factory=list,
+        description="Also take the checkpoint's optimizer state (AdamW moments) and/or its "
+        "curriculum state (stage, data position, difficulty); the weights always.",
+    )
+
+
 class TrainerConfig(_Section):
     """Everything `rstar2-train` needs, one section per package or phase."""
 
@@ -375,6 +391,11 @@ class TrainerConfig(_Section):
     remote: RemoteRolloutConfig | None = Field(
         default=None,
         description="Roll out on remote workers instead of local engines; None: local engines.",
+    )
+    init: InitConfig | None = Field(
+        default=None,
+        description="Start from another run's checkpoint, skipping SFT (`--init-from "
+        "RUN_DIR[:STEP]`); None: a fresh model.",
     )
 
     @model_validator(mode="after")

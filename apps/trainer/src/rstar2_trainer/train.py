@@ -15,6 +15,10 @@ driver's weights before RL. Trajectories come from `parts.source` (local engines
 workers) through one `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
+A run with `init` (`--init-from`, origin.py) starts from another run's checkpoint instead: no
+SFT, the checkpoint's weights (optionally its optimizer and curriculum state), evaluated as
+`init`, checkpoint 0, then RL.
+
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
@@ -45,7 +49,9 @@ from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
 from rstar2_trainer.evaluate import evaluate, evaluate_benchmark, held_out_problems
+from rstar2_trainer.export import load_weights
 from rstar2_trainer.hard import hard_subset_pass
+from rstar2_trainer.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.policy import Policy, open_policy
 from rstar2_trainer.precision import FP32_CPU, Precision
 from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
@@ -127,6 +133,7 @@ async def _train(
     ckpt = load_latest(run_dir / "checkpoints") if resume else None
     traces = data.sft if ckpt is None else []
 
+    copy_model_dir(config, run_dir)  # --init-from: the origin's tiny model and tokenizer
     corpus = tokenizer_corpus(problems, traces, config.rollout.system_prompt)
     opener = open_parts if config.cluster is None else open_cluster_parts
     precision = Precision.from_settings(config.train.device, config.train.dtype)
@@ -192,6 +199,9 @@ async def run_eval(run: Run, when: str) -> None:
 async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> None:
     """A new run: (evaluate,) SFT, evaluate, hand the weights to the policy, checkpoint 0."""
     config, parts = run.config, run.parts
+    if config.init is not None:
+        await start_from_origin(run)
+        return
     await _sync_driver(run)
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
@@ -200,6 +210,26 @@ async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> No
         await _sync_driver(run)
     await run_eval(run, "after_sft")
     await run.policy.load_from(parts.model)
+    await save(run)
+
+
+async def start_from_origin(run: Run) -> None:
+    """A run with `init` (origin.py): no SFT; the origin checkpoint's weights (and optimizer and
+    curriculum state when included) into the policy, evaluated, checkpoint 0."""
+    config, parts = run.config, run.parts
+    init = config.init
+    assert init is not None
+    origin = origin_checkpoint(config)
+    load_weights(origin.path, parts.model)
+    await run.policy.load_from(parts.model)
+    if "optimizer" in init.include:
+        await run.policy.restore(origin)  # the same weights, and the optimizer state
+    if "curriculum" in init.include:
+        run.curriculum.load_state_dict(origin.state["curriculum"])
+    await _sync_driver(run)
+    taken = ", ".join(["weights", *init.include])
+    report.console.print(f"initialised from {init.run} step {init.step} ({taken}); no SFT")
+    await run_eval(run, "init")
     await save(run)
 
 
