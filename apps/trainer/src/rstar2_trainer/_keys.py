@@ -11,7 +11,9 @@ from the schema (`--help-config`).
   line, with a near name (`did you mean top_p?`) or, when another variant has the key, how to
   switch variants.
 - `help_text(Model, section)` lists every key with its type, default and description, one line
-  each (`run.seed  int = 0  The run seed...`); each variant of a union is listed under its tag.
+  each (`  run.seed: int = 0  -- The run seed; ...`) under its section's header; each variant of
+  a union of sections is a section of its own (`engine (kind: vllm)`). `describe` gives the same
+  as data (a test walks it for fields without a description).
 
 The trainer and the evaluator each hold a copy of this module (tests/test_config_keys.py checks
 the copies are the same); it needs pydantic only. Not covered: dict-valued fields with free keys
@@ -369,8 +371,3 @@ def help_text(model: type[BaseModel], section: str = "") -> str:
             indent = "  " if "." in d.key else ""  # a top-level key is in no section
             lines.append(f"{indent}{d.key}: {d.type} = {d.default}  -- {d.description}")
     return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def undescribed(model: type[BaseModel]) -> list[str]:
-    """Keys (and sections) whose schema field has no description."""
-    return [d.key for d in describe(model) if not d.description and d.type]
