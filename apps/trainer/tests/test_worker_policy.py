@@ -333,6 +333,7 @@ def _policy_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # three trainer processes (train, export, resume) on a 2-core box
 def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     from rstar2_trainer.sharded_checkpoint import load_sharded
