@@ -94,9 +94,9 @@ def policy_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
     from rstar2_algos import GrpoRocConfig
     from rstar2_rollout.trajectory import Trajectory
-    from rstar2_trainer.distributed import train_step
-    from rstar2_trainer.precision import Precision
-    from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
+    from rstar2_trainer.training.distributed import train_step
+    from rstar2_trainer.training.precision import Precision
+    from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
     precision = Precision(torch.device("cuda", 0), torch.bfloat16)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -157,7 +157,7 @@ def fsdp_worker(args: argparse.Namespace, model_dir: Path) -> None:
     """Runs inside torchrun: one FSDP2 rank; rank 0 writes its timings to `args.fsdp_worker`."""
     from transformers import AutoModelForCausalLM
 
-    from rstar2_trainer.distributed import (
+    from rstar2_trainer.training.distributed import (
         DistributedConfig,
         Row,
         close_distributed,
@@ -241,7 +241,7 @@ async def vllm_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
 
     from rstar2_rollout import SamplingParams, VLLMEngineConfig
     from rstar2_rollout.engines.vllm import VLLMEngine
-    from rstar2_trainer.weight_sync import push_weights, release_engines
+    from rstar2_trainer.training.weight_sync import push_weights, release_engines
 
     policy: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     policy = policy.to("cuda")

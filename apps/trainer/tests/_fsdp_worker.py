@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rstar2_trainer.distributed import (
+from rstar2_trainer.rundir.sharded_checkpoint import load_sharded, save_sharded
+from rstar2_trainer.training.distributed import (
     DistributedConfig,
     MicroBatch,
     Row,
@@ -35,7 +36,6 @@ from rstar2_trainer.distributed import (
     shard_model,
     train_step,
 )
-from rstar2_trainer.sharded_checkpoint import load_sharded, save_sharded
 
 VOCAB, PAD, SEED = 96, 0, 1234
 LR, MAX_GRAD_NORM, MICRO_BATCH_TOKENS = 1e-3, 0.5, 48
@@ -95,7 +95,7 @@ def reference_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, rows: list[Row]
 ) -> tuple[float, float]:
     """One plain step: the whole batch at once, token mean, clip, AdamW. (loss, grad norm)."""
-    from rstar2_trainer.batching import response_logprobs
+    from rstar2_trainer.training.batching import response_logprobs
 
     mb = make_micro_batch(rows, PAD, torch.device("cpu"))
     logp, _ = response_logprobs(model, mb.batch)

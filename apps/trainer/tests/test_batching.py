@@ -1,7 +1,7 @@
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rstar2_trainer.batching import make_batch, response_logprobs, token_budget_chunks
+from rstar2_trainer.training.batching import make_batch, response_logprobs, token_budget_chunks
 
 
 def _model():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from rstar2_trainer.checkpoint import load_latest, save_checkpoint
 from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
+from rstar2_trainer.rundir.checkpoint import load_latest, save_checkpoint
 
 
 def _model():

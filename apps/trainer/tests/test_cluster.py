@@ -24,7 +24,8 @@ import torch
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.scheduler import Job
 from rstar2_sandbox import ExecutionRequest
-from rstar2_trainer.cluster import (
+from rstar2_trainer.config import load_config
+from rstar2_trainer.placement.cluster import (
     ClusterConfig,
     ClusterError,
     VerifyPool,
@@ -35,7 +36,6 @@ from rstar2_trainer.cluster import (
     start_node_servers,
     sync_weights,
 )
-from rstar2_trainer.config import load_config
 
 # Under `uv run`, Ray would start its workers through `uv run` too (re-resolving the environment
 # in each); the cluster module turns that off before it imports Ray, and so must this test,
@@ -248,8 +248,8 @@ def test_train_workers_match_one_process_and_feed_the_engine(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rstar2_rollout.tiny import build_tiny_model
-    from rstar2_trainer.distributed import DistributedConfig, Row, train_step
-    from rstar2_trainer.train_workers import TrainGroup, sft_loss, sync_to_engines
+    from rstar2_trainer.training.distributed import DistributedConfig, Row, train_step
+    from rstar2_trainer.training.train_workers import TrainGroup, sft_loss, sync_to_engines
 
     before = _descendants()
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)

@@ -20,8 +20,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rstar2_trainer.batching import token_budget_chunks
-from rstar2_trainer.distributed import (
+from rstar2_trainer.rundir.sharded_checkpoint import latest_sharded, load_sharded, save_sharded
+from rstar2_trainer.training.batching import token_budget_chunks
+from rstar2_trainer.training.distributed import (
     DistributedConfig,
     Row,
     close_distributed,
@@ -30,7 +31,6 @@ from rstar2_trainer.distributed import (
     shard_model,
     train_step,
 )
-from rstar2_trainer.sharded_checkpoint import latest_sharded, load_sharded, save_sharded
 
 WORKER = Path(__file__).resolve().parent / "_fsdp_worker.py"
 _spec = importlib.util.spec_from_file_location("_fsdp_worker", WORKER)

@@ -14,7 +14,7 @@ import torch
 from rstar2_rollout import SamplingParams, build_engine
 from rstar2_rollout.tiny import build_tiny_model
 from rstar2_trainer.config import load_config
-from rstar2_trainer.engine_actor import EngineActor
+from rstar2_trainer.placement.engine_actor import EngineActor
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, logprobs=False)
 PROMPT = [1, 2, 3, 4, 5]

@@ -15,11 +15,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rstar2_trainer.build import prepare_model_dir
-from rstar2_trainer.checkpoint import save_checkpoint
 from rstar2_trainer.cli import main
 from rstar2_trainer.config import load_config
+from rstar2_trainer.placement.local import prepare_model_dir
 from rstar2_trainer.rundir import write_config
+from rstar2_trainer.rundir.checkpoint import save_checkpoint
 
 MODEL = ["model.layers=1", "model.hidden_size=64", "model.vocab_size=512", "model.heads=2"]
 

@@ -18,10 +18,15 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from rstar2_algos import GrpoRocConfig
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import ConfigError, load_config
-from rstar2_trainer.distributed import train_step
-from rstar2_trainer.precision import FP32_CPU, Precision, distributed_config, resolve_device
 from rstar2_trainer.sft import train_sft
-from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.training.distributed import train_step
+from rstar2_trainer.training.precision import (
+    FP32_CPU,
+    Precision,
+    distributed_config,
+    resolve_device,
+)
+from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
 BF16_CPU = Precision(torch.device("cpu"), torch.bfloat16)
 
@@ -163,7 +168,7 @@ def test_a_bf16_trained_policy_syncs_into_a_bf16_vllm_engine(tmp_path):
     from rstar2_rollout import SamplingParams, VLLMEngineConfig
     from rstar2_rollout.engines.vllm import VLLMEngine
     from rstar2_rollout.tiny import build_tiny_model
-    from rstar2_trainer.weight_sync import push_weights
+    from rstar2_trainer.training.weight_sync import push_weights
 
     model_dir = build_tiny_model(tmp_path / "tiny", seed=0)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

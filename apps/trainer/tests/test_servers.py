@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_trainer.servers import ChildServer, ServerError
+from rstar2_trainer.placement.servers import ChildServer, ServerError
 
 
 def test_a_port_in_use_is_a_clear_error():
@@ -42,7 +42,7 @@ def test_a_server_that_never_listens_times_out_and_is_stopped():
 
 _PARENT = """
 import subprocess, sys, time
-from rstar2_trainer.servers import with_parent_death_signal
+from rstar2_trainer.placement.servers import with_parent_death_signal
 child = [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)", sys.argv[1]]
 subprocess.Popen(with_parent_death_signal(child))
 time.sleep(120)

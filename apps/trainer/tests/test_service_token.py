@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from rstar2_proto.auth import DENIED
-from rstar2_trainer.build import grpc_healthy
-from rstar2_trainer.servers import ChildServer, RunToken, ServerError, console_script
+from rstar2_trainer.placement.local import grpc_healthy
+from rstar2_trainer.placement.servers import ChildServer, RunToken, ServerError, console_script
 from rstar2_trainer.verifier import Verifier
 
 
@@ -57,7 +57,7 @@ def test_a_child_server_with_the_run_token_serves_only_the_trainer(tmp_path: Pat
 
 def test_an_exposed_token_file_for_a_remote_service_is_one_line(tmp_path: Path) -> None:
     from rstar2_trainer.config import ServiceConfig
-    from rstar2_trainer.servers import service_token
+    from rstar2_trainer.placement.servers import service_token
 
     path = tmp_path / "token"
     path.write_text("abc\n")
@@ -77,7 +77,7 @@ def test_node_servers_write_their_own_token_file_and_require_it() -> None:
     """What a cluster node's actor does (run here as a plain object: no Ray needed)."""
     from rstar2_sandbox import ExecutionRequest
     from rstar2_sandbox.client import SandboxClient
-    from rstar2_trainer.engine_actor import NodeServers
+    from rstar2_trainer.placement.engine_actor import NodeServers
 
     secret = "node-secret-token"
     node = NodeServers(["--workers", "1"], ["--workers", "1"], host="127.0.0.1", token=secret)

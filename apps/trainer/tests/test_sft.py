@@ -6,8 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2_rollout.tiny import build_tiny_model
-from rstar2_trainer.precision import FP32_CPU
 from rstar2_trainer.sft import loss_sum, micro_batches, train_sft
+from rstar2_trainer.training.precision import FP32_CPU
 
 
 def _examples() -> list[tuple[list[int], list[int]]]:

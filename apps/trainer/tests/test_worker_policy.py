@@ -5,7 +5,8 @@
   over the whole batch (`_reference`, written out here); `DriverPolicy` with several
   mini-batches computes old logprobs, so the clip acts;
 - slow: two gloo ranks as Ray actors (`worker_policy.WorkerPolicy`) take that same step, and the
-  engine that then receives rank 0's weights generates what transformers does with them;
+  engine that then receives rank 0's weights generates what transformers does with them; with
+  mini-batches and epochs they compute the old logprobs and take the driver's PPO-style steps;
 - slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT in the driver and
   its RL steps on the workers, logs the update's metrics, saves the workers' sharded checkpoints,
   and `--resume` restores them (the exported policy equals the workers' last checkpoint).
@@ -29,11 +30,11 @@ from transformers import AutoModelForCausalLM
 from rstar2_algos import GrpoRocConfig, build_algorithm
 from rstar2_rollout.tiny import build_tiny_model
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.batching import make_batch, response_logprobs
-from rstar2_trainer.checkpoint import load_latest
-from rstar2_trainer.distributed import train_step
 from rstar2_trainer.rundir import read_metrics
-from rstar2_trainer.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.rundir.checkpoint import load_latest
+from rstar2_trainer.training.batching import make_batch, response_logprobs
+from rstar2_trainer.training.distributed import train_step
+from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -154,14 +155,14 @@ def test_worker_loss_through_train_step_equals_the_full_batch_step(tmp_path):
     _check_weights(model.state_dict(), reference.state_dict(), model_dir)
 
 
-def _check_weights(got: dict, want: dict, model_dir: Path) -> None:
-    """Adam moves every weight by about lr; float rounding of near-zero gradients (which Adam
-    normalises) shows as a small share of that."""
+def _check_weights(got: dict, want: dict, model_dir: Path, steps: int = 1) -> None:
+    """Adam moves every weight by about lr per step; float rounding of near-zero gradients (which
+    Adam normalises) shows as a small share of that, growing with the steps."""
     initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     assert set(got) == set(want)
     moved = max((want[k] - initial[k]).abs().max().item() for k in want)
     diff = max((got[k] - want[k]).abs().max().item() for k in want)
-    assert moved > 1e-3 and diff < 5e-5, (moved, diff)
+    assert moved > 1e-3 and diff < 5e-5 * steps, (moved, diff)
 
 
 def test_sequence_aggregation_divides_by_rows(tmp_path):
@@ -195,8 +196,8 @@ def test_driver_policy_mini_batches_make_the_clip_act(tmp_path):
     taken before the first, so the ratio leaves 1 and clip fractions rise above zero; with one
     step the ratio is 1 and nothing is clipped."""
     from rstar2_trainer.config import load_config
-    from rstar2_trainer.policy import DriverPolicy
-    from rstar2_trainer.precision import FP32_CPU
+    from rstar2_trainer.training.policy import DriverPolicy
+    from rstar2_trainer.training.precision import FP32_CPU
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     kept, advantages = _kept()
@@ -222,9 +223,9 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
     import ray
 
     from rstar2_rollout.engine import SamplingParams
-    from rstar2_trainer.cluster import connect, start_engines
     from rstar2_trainer.config import load_config
-    from rstar2_trainer.worker_policy import open_worker_policy
+    from rstar2_trainer.placement.cluster import connect, start_engines
+    from rstar2_trainer.training.worker_policy import open_worker_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     reference, expected = _reference(model_dir)
@@ -293,6 +294,60 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
     assert out["sync"]["time_sync_s"] >= out["sync"]["time_sync_load_s"] > 0
 
 
+@pytest.mark.slow
+def test_two_workers_take_the_drivers_ppo_style_update(tmp_path):
+    """optim.mini_batches=2, optim.epochs=2 on two gloo ranks: the ranks compute the old
+    logprobs themselves and take the driver's four optimizer steps (metrics, clip fractions
+    above zero, weights)."""
+    pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
+    import ray
+
+    from rstar2_trainer.config import load_config
+    from rstar2_trainer.placement.cluster import connect
+    from rstar2_trainer.training.policy import DriverPolicy
+    from rstar2_trainer.training.precision import FP32_CPU
+    from rstar2_trainer.training.worker_policy import open_worker_policy
+
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
+    overrides = [
+        "model.layers=2",
+        "model.vocab_size=1024",
+        f"optim.weight_decay={WEIGHT_DECAY}",
+        f"optim.grad_clip={CLIP}",
+        "optim.micro_batch_tokens=40",
+        "optim.mini_batches=2",
+        "optim.epochs=2",
+    ]
+    ppo = ["cluster.kind=ray", "cluster.num_cpus=4", "cluster.train_workers=2"]
+    config = load_config("tiny", [*overrides, *ppo]).model_copy(update={"algo": ALGO})
+    driver_config = load_config("tiny", overrides).model_copy(update={"algo": ALGO})
+    kept, advantages = _kept()
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    driver = DriverPolicy(model, driver_config, FP32_CPU, pad_id=0)
+    want = asyncio.run(driver.update(kept, advantages, lr=LR, temperature=TEMPERATURE))
+
+    async def on_workers() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        async with open_worker_policy(config, model_dir, pad_id=0) as workers:
+            assert workers is not None
+            got = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
+            return got, dict(await workers.group.full_state())
+
+    assert config.cluster is not None
+    connect(config.cluster)
+    try:
+        got, state = asyncio.run(on_workers())
+    finally:
+        ray.shutdown()
+    assert got["optim_steps"] == want["optim_steps"] == 4
+    assert want["clip_frac_low"] + want["clip_frac_high"] > 0
+    _check_metrics(
+        {k: v for k, v in got.items() if k != "train_micro_batches"},
+        {k: v for k, v in want.items() if k != "train_micro_batches"},
+    )
+    _check_weights(state, model.state_dict(), model_dir, steps=4)
+
+
 CLUSTER_RUN = [
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,96,96]",
@@ -336,7 +391,7 @@ def _policy_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(1200)  # three trainer processes (train, export, resume) on a 2-core box
 def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
-    from rstar2_trainer.sharded_checkpoint import load_sharded
+    from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
 
     run_dir = tmp_path / "run"
     code, out = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *CLUSTER_RUN])

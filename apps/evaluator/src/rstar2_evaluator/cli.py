@@ -9,11 +9,10 @@
 MODEL is a Hugging Face-format folder (run with vLLM, or transformers where vLLM is missing) or
 the URL of an OpenAI-compatible endpoint (then `model.tokenizer=FOLDER` is needed). BENCH is a
 registered name or a .jsonl file. Every field of `EvalConfig` can be set as key=value (a number
-indexes a list: `pass_k.0=2`); `--help-config` lists them with types, defaults and descriptions. A
-user
-mistake (an unknown benchmark, a dataset without the needed fields, an unreachable endpoint, a
-bad override: every one, a line each) prints one line on stderr and exits 2; a run that could not finish every sample
-exits 1 and can be rerun to resume.
+indexes a list: `pass_k.0=2`); `--help-config` lists them with types, defaults and descriptions.
+A user mistake (an unknown benchmark, a dataset without the needed fields, an unreachable
+endpoint, a bad override) prints one line on stderr (each of several bad overrides a line of its
+own) and exits 2; a run that could not finish every sample exits 1 and can be rerun to resume.
 """
 
 from __future__ import annotations

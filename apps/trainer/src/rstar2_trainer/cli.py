@@ -1,8 +1,9 @@
 """`rstar2-train [RECIPE] [a.b=value ...]`, `rstar2-train --resume RUN_DIR`,
 `rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder),
 `rstar2-train --help-config [SECTION]` (every config key with its type, default and description),
-and `rstar2-train [RECIPE] [a.b=value ...] --init-from RUN_DIR[:STEP] [--init-include WHAT]` (a
-new run from another run's checkpoint, origin.py). Overrides may come before or after options.
+and `rstar2-train [RECIPE] [a.b=value ...] --init-from RUN_DIR[:STEP] [--init-include WHAT]`
+(a new run from another run's checkpoint, rundir/origin.py). Overrides may come before or after
+options.
 
 A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run, data
 that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr (each
@@ -29,9 +30,9 @@ from rstar2_trainer.config import (
     recipes,
     validate_config,
 )
-from rstar2_trainer.origin import parse_init_from, resolve_origin
+from rstar2_trainer.placement.servers import ServerError
 from rstar2_trainer.rundir import new_run_dir, write_config
-from rstar2_trainer.servers import ServerError
+from rstar2_trainer.rundir.origin import parse_init_from, resolve_origin
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,7 +94,7 @@ class HelpConfig(argparse.Action):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rstar2_trainer.export import export_checkpoint
+    from rstar2_trainer.rundir.export import export_checkpoint
 
     run_dir = Path(args.export)
     out = export_checkpoint(run_dir, args.step, Path(args.to) if args.to else None)
@@ -151,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
             return 0
         config, where, resume = _resolve(args)
-        from rstar2_trainer.build import check_local_engines
         from rstar2_trainer.data import load_run_data, write_reports
+        from rstar2_trainer.placement.local import check_local_engines
 
         check_local_engines(config)
         data = load_run_data(config, resume=resume)
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         write_config(run_dir, config)
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
-    from rstar2_trainer.cluster import ClusterError
+    from rstar2_trainer.placement.cluster import ClusterError
     from rstar2_trainer.train import run
 
     try:

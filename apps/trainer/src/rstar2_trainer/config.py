@@ -436,12 +436,6 @@ class TrainerConfig(_Section):
                 "algo.kl_coef > 0 needs reference-model logprobs, which the trainer does not "
                 "compute (the paper uses no KL); set algo.kl_coef: 0"
             )
-        several = self.optim.mini_batches * self.optim.epochs > 1
-        if several and self.cluster is not None and self.cluster.train_workers:
-            raise ValueError(
-                "optim.mini_batches or optim.epochs > 1 with cluster.train_workers: the ranks do "
-                "not compute old logprobs yet; set both to 1 or train in the driver"
-            )
         return self
 
     @model_validator(mode="after")

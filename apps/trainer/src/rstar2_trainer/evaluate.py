@@ -21,7 +21,7 @@ from rstar2_trainer.config import BenchmarkProtocol, EvalConfig
 from rstar2_trainer.stats import trajectory_stats
 
 if TYPE_CHECKING:
-    from rstar2_trainer.build import Parts
+    from rstar2_trainer.placement.local import Parts
 
 
 def held_out_problems(config: EvalConfig, training: Sequence[Problem]) -> list[Problem]:

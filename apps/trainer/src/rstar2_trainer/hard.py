@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from rstar2_curriculum import Stage
 from rstar2_rollout.loop import derive_seed
-from rstar2_trainer import report
 from rstar2_trainer.collect import collect, rollout_config_for
+from rstar2_trainer.rundir import report
 from rstar2_verify import is_correct
 
 if TYPE_CHECKING:

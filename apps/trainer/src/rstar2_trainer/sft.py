@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rstar2_trainer.batching import make_batch, response_logprobs
-from rstar2_trainer.precision import FP32_CPU, Precision
+from rstar2_trainer.training.batching import make_batch, response_logprobs
+from rstar2_trainer.training.precision import FP32_CPU, Precision
 
 Example = tuple[list[int], list[int]]  # token ids, loss mask (1: an assistant token to learn)
 

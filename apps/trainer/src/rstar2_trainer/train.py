@@ -15,9 +15,9 @@ driver's weights before RL. Trajectories come from `parts.source` (local engines
 workers) through one `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
-A run with `init` (`--init-from`, origin.py) starts from another run's checkpoint instead: no
-SFT, the checkpoint's weights (optionally its optimizer and curriculum state), evaluated as
-`init`, checkpoint 0, then RL.
+A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
+instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
+evaluated as `init`, checkpoint 0, then RL.
 
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
@@ -41,24 +41,23 @@ from rstar2_algos import build_algorithm
 from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
 from rstar2_rollout.chat import encode_conversation
 from rstar2_rollout.loop import derive_seed
-from rstar2_trainer import report
-from rstar2_trainer.build import Parts, open_parts
-from rstar2_trainer.checkpoint import latest_step, load_latest, save_policy
-from rstar2_trainer.cluster import open_cluster_parts
 from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
 from rstar2_trainer.evaluate import evaluate, evaluate_benchmark, held_out_problems
-from rstar2_trainer.export import load_weights
 from rstar2_trainer.hard import hard_subset_pass
-from rstar2_trainer.origin import copy_model_dir, origin_checkpoint
-from rstar2_trainer.policy import Policy, open_policy
-from rstar2_trainer.precision import FP32_CPU, Precision
-from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
+from rstar2_trainer.placement.cluster import open_cluster_parts
+from rstar2_trainer.placement.local import Parts, open_parts
+from rstar2_trainer.rundir import MetricsLog, read_metrics, report, truncate_metrics
+from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_policy
+from rstar2_trainer.rundir.export import load_weights
+from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.sft import train_sft
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
-from rstar2_trainer.update import warmup_lr
-from rstar2_trainer.weight_sync import release_engines
+from rstar2_trainer.training.policy import Policy, open_policy
+from rstar2_trainer.training.precision import FP32_CPU, Precision
+from rstar2_trainer.training.update import warmup_lr
+from rstar2_trainer.training.weight_sync import release_engines
 from rstar2_verify import is_correct
 
 
@@ -214,8 +213,8 @@ async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> No
 
 
 async def start_from_origin(run: Run) -> None:
-    """A run with `init` (origin.py): no SFT; the origin checkpoint's weights (and optimizer and
-    curriculum state when included) into the policy, evaluated, checkpoint 0."""
+    """A run with `init` (rundir/origin.py): no SFT; the origin checkpoint's weights (and
+    optimizer and curriculum state when included) into the policy, evaluated, checkpoint 0."""
     config, parts = run.config, run.parts
     init = config.init
     assert init is not None
@@ -235,7 +234,7 @@ async def start_from_origin(run: Run) -> None:
 
 async def _sync_driver(run: Run) -> None:
     """The driver's model (before RL: the policy may not hold it yet) into the engines."""
-    from rstar2_trainer.weight_sync import push_weights
+    from rstar2_trainer.training.weight_sync import push_weights
 
     parts = run.parts
     if parts.remote is not None:

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import torch
 
-from rstar2_trainer.batching import Batch
 from rstar2_trainer.config import TrainSettings
-from rstar2_trainer.distributed import DistributedConfig
+from rstar2_trainer.training.batching import Batch
+from rstar2_trainer.training.distributed import DistributedConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

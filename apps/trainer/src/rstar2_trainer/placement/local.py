@@ -42,8 +42,8 @@ from rstar2_trainer.config import (
     context_tokens,
 )
 from rstar2_trainer.meter import EngineMeter
-from rstar2_trainer.remote import RemoteWorkers
-from rstar2_trainer.servers import ChildServer, RunToken, console_script, service_token
+from rstar2_trainer.placement.remote import RemoteWorkers
+from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
 from rstar2_trainer.verifier import Scorer, Verifier
 
 

@@ -1,4 +1,4 @@
-"""`python -m rstar2_trainer.cluster_check RECIPE [a.b=value ...] [--address auto]`: smoke-test a
+"""`python -m rstar2_trainer.placement.cluster_check RECIPE [a.b=value ...] [--address auto]`: smoke-test a
 Ray cluster before a run.
 
 It places the run's parts exactly as the trainer's cluster mode does (sandbox and verify servers
@@ -17,8 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rstar2_trainer.cluster import ClusterConfig, ClusterError, open_cluster_parts, sync_weights
 from rstar2_trainer.config import ConfigError, TrainerConfig, load_config
+from rstar2_trainer.placement.cluster import (
+    ClusterConfig,
+    ClusterError,
+    open_cluster_parts,
+    sync_weights,
+)
 
 
 async def check(config: TrainerConfig, cluster: ClusterConfig, run_dir: Path) -> bool:
@@ -63,7 +68,7 @@ async def check(config: TrainerConfig, cluster: ClusterConfig, run_dir: Path) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rstar2_trainer.cluster_check")
+    parser = argparse.ArgumentParser(prog="python -m rstar2_trainer.placement.cluster_check")
     parser.add_argument("recipe", nargs="?", default="tiny")
     parser.add_argument("overrides", nargs="*", help="a.b=value")
     parser.add_argument("--address", default=None, help="Ray address; unset: a local cluster")

@@ -18,7 +18,7 @@ import torch
 
 from rstar2_algos import AlgoConfig, build_algorithm
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.distributed import MicroBatch, Row, StepResult
+from rstar2_trainer.training.distributed import MicroBatch, Row, StepResult
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Any
 
 from rstar2_trainer.config import ConfigError, InitConfig, PretrainedModelConfig, TrainerConfig
 from rstar2_trainer.data import RunData
-from rstar2_trainer.export import check_weights, find_checkpoint, model_dir_of, read_run
-from rstar2_trainer.worker_policy import WORKERS_DIR
+from rstar2_trainer.rundir.export import check_weights, find_checkpoint, model_dir_of, read_run
+from rstar2_trainer.training.worker_policy import WORKERS_DIR
 
 # config.json keys that fix the shapes of the weights
 _ARCHITECTURE = (
@@ -143,7 +143,7 @@ def origin_checkpoint(config: TrainerConfig) -> Any:
     included), for `Policy.restore`; the RNG state is left alone."""
     import torch
 
-    from rstar2_trainer.checkpoint import Checkpoint
+    from rstar2_trainer.rundir.checkpoint import Checkpoint
 
     init = config.init
     assert init is not None and init.step is not None

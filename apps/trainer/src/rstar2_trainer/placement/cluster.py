@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
-from rstar2_trainer.build import Parts, load_policy, local_source, prepare_model_dir
 from rstar2_trainer.config import ClusterConfig, TrainerConfig
 from rstar2_trainer.meter import EngineMeter
-from rstar2_trainer.servers import RunToken
+from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
+from rstar2_trainer.placement.servers import RunToken
 from rstar2_trainer.verifier import Scorer, Verifier
 from rstar2_verify import Grade
 
@@ -274,7 +274,7 @@ async def start_node_servers(
 ) -> list[dict[str, str]]:
     """A `NodeServers` actor on every alive node; return each node's server addresses. With
     `token`, each actor writes it to a 0600 file of its own node and its servers require it."""
-    from rstar2_trainer.engine_actor import NodeServers
+    from rstar2_trainer.placement.engine_actor import NodeServers
 
     ray = _ray()
     sandbox_args, verify_args = _service_args(config, cluster)
@@ -326,7 +326,7 @@ async def start_engines(
     config: TrainerConfig, cluster: ClusterConfig, model_dir: Path
 ) -> list[RayEngine]:
     """`engines_per_node` engine actors on each node with room; wait until all have started."""
-    from rstar2_trainer.engine_actor import EngineActor
+    from rstar2_trainer.placement.engine_actor import EngineActor
 
     ray = _ray()
     _check_engine_support(cluster)

@@ -30,12 +30,11 @@ from typing import Any, Protocol
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.batching import response_logprobs, token_budget_chunks
-from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.distributed import Row, make_micro_batch, train_step
-from rstar2_trainer.precision import Precision
-from rstar2_trainer.update import (
+from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
+from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, with_values
+from rstar2_trainer.training.precision import Precision
+from rstar2_trainer.training.update import (
     WorkerPolicyLoss,
     make_optimizer,
     merge_steps,
@@ -112,24 +111,21 @@ class DriverPolicy:
         self.model.eval()
         return merge_steps(steps)
 
-    @torch.no_grad()
     def _with_old_logprobs(self, rows: list[Row], temperature: float) -> list[Row]:
         """Each row with `values["old_logp"]`: the current (rollout) policy's token logprobs."""
-        self.model.eval()
-        lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-        out = list(rows)
-        for chunk in token_budget_chunks(lengths, self.config.optim.micro_batch_tokens):
-            mb = make_micro_batch([rows[i] for i in chunk], self.pad_id, self.precision.device)
-            with self.precision.autocast():
-                logp, _ = response_logprobs(self.model, mb.batch, temperature=temperature)  # [B, T]
-            for j, i in enumerate(chunk):
-                n = len(rows[i].response_ids)
-                values = {**rows[i].values, "old_logp": logp[j, :n].float().cpu().tolist()}
-                out[i] = Row(rows[i].prompt_ids, rows[i].response_ids, rows[i].loss_mask, values)
-        return out
+        with self.precision.autocast():
+            logps = row_logprobs(
+                self.model,
+                rows,
+                pad_id=self.pad_id,
+                micro_batch_tokens=self.config.optim.micro_batch_tokens,
+                device=self.precision.device,
+                temperature=temperature,
+            )
+        return with_values(rows, "old_logp", logps)
 
     async def sync(self, parts: Any) -> dict[str, float]:
-        from rstar2_trainer.weight_sync import push_weights
+        from rstar2_trainer.training.weight_sync import push_weights
 
         if parts.remote is not None:
             return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
@@ -177,7 +173,7 @@ async def open_policy(
     pad_id: int,
 ) -> AsyncIterator[Policy]:
     """The run's policy: on `cluster.train_workers` FSDP2 ranks, or in the driver."""
-    from rstar2_trainer.worker_policy import open_worker_policy
+    from rstar2_trainer.training.worker_policy import open_worker_policy
 
     async with open_worker_policy(config, model_dir, pad_id=pad_id) as workers:
         yield (

@@ -14,7 +14,8 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
 - It is a `policy.Policy`: `update(...)` runs `distributed.train_step` on the ranks, the step
   the driver's `DriverPolicy` runs as a world of one: the same loss (`WorkerPolicyLoss`), the
   same global normalisation, the same metrics (loss, grad_norm, clip fractions, entropy, ...);
-  `optim.mini_batches` give one rank step per mini-batch.
+  `optim.mini_batches` x `optim.epochs` give one rank step per mini-batch and epoch; the old
+  logprobs are computed on the ranks first (`distributed.row_logprobs`), as the driver does.
 - `sync(parts)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
   returns the `time_sync_s` metrics.
 - SFT stays in the driver: `load_from(model)` copies the driver's weights into the ranks before RL.
@@ -26,8 +27,7 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
 
 Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
 with `train_workers`), SFT on the ranks, a batch with fewer kept trajectories than ranks (an
-error that says what to change), several epochs over one batch (the old logprobs would need a
-forward pass on the ranks; the config refuses it). The driver still loads one full copy of the model (for SFT and
+error that says what to change). The driver still loads one full copy of the model (for SFT and
 the exported policy).
 """
 
@@ -41,11 +41,11 @@ from typing import Any
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.distributed import DistributedConfig
-from rstar2_trainer.train_workers import TrainGroup, sync_to_engines
-from rstar2_trainer.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
+from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
+from rstar2_trainer.training.distributed import DistributedConfig
+from rstar2_trainer.training.train_workers import TrainGroup, sync_to_engines
+from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
 
@@ -67,29 +67,40 @@ class WorkerPolicy:
         lr: float,
         temperature: float,
     ) -> dict[str, float]:
-        """One rank step per mini-batch; the metrics `DriverPolicy.update` gives."""
-        parts = mini_batches(policy_rows(kept, advantages), self.config.optim.mini_batches)
+        """One rank step per mini-batch and epoch; the metrics `DriverPolicy.update` gives."""
+        o = self.config.optim
+        rows = policy_rows(kept, advantages)
+        parts = mini_batches(rows, o.mini_batches)
         if min(len(p) for p in parts) < len(self.group.actors):
             raise ValueError(
                 f"{len(kept)} kept trajectories in {len(parts)} mini-batches cannot give each of "
                 f"{len(self.group.actors)} training workers one; lower cluster.train_workers or "
                 "optim.mini_batches, or raise curriculum.batch_size"
             )
-        steps = []
-        for rows in parts:
-            steps.append(
-                await self.group.step(
-                    rows,
-                    self.loss,
-                    lr=lr,
-                    pad_id=self.pad_id,
-                    micro_batch_tokens=self.config.optim.micro_batch_tokens,
-                    max_grad_norm=self.config.optim.grad_clip,
-                    normalize_by=self.loss.normalize_by,
-                    temperature=temperature,
-                    with_entropy=True,
-                )
+        if o.mini_batches * o.epochs > 1:
+            rows = await self.group.with_old_logprobs(
+                rows,
+                pad_id=self.pad_id,
+                micro_batch_tokens=o.micro_batch_tokens,
+                temperature=temperature,
             )
+            parts = mini_batches(rows, o.mini_batches)
+        steps = []
+        for _ in range(o.epochs):
+            for part in parts:
+                steps.append(
+                    await self.group.step(
+                        part,
+                        self.loss,
+                        lr=lr,
+                        pad_id=self.pad_id,
+                        micro_batch_tokens=o.micro_batch_tokens,
+                        max_grad_norm=o.grad_clip,
+                        normalize_by=self.loss.normalize_by,
+                        temperature=temperature,
+                        with_entropy=True,
+                    )
+                )
         return merge_steps(steps)
 
     async def sync(self, parts: Any) -> dict[str, float]:
@@ -151,7 +162,7 @@ async def open_worker_policy(
     config: TrainerConfig, model_dir: Path, *, pad_id: int
 ) -> AsyncIterator[WorkerPolicy | None]:
     """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after."""
-    from rstar2_trainer.cluster import ClusterError
+    from rstar2_trainer.placement.cluster import ClusterError
 
     cluster = config.cluster
     if cluster is None or cluster.train_workers == 0:

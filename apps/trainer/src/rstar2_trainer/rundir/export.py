@@ -25,8 +25,8 @@ from rstar2_trainer.config import (
     TrainerConfig,
     validate_config,
 )
-from rstar2_trainer.sharded_checkpoint import load_sharded
-from rstar2_trainer.worker_policy import WORKERS_DIR
+from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
+from rstar2_trainer.training.worker_policy import WORKERS_DIR
 
 
 def read_run(run_dir: Path) -> TrainerConfig:
@@ -107,8 +107,8 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         raise ConfigError(f"cannot write {out}: {out.parent} is not a writable folder")
 
-    from rstar2_trainer.build import load_policy
-    from rstar2_trainer.checkpoint import save_policy
+    from rstar2_trainer.placement.local import load_policy
+    from rstar2_trainer.rundir.checkpoint import save_policy
 
     model, tokenizer = load_policy(model_dir)
     load_weights(path, model)

@@ -48,7 +48,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rstar2_trainer.batching import Batch, make_batch, response_logprobs, token_budget_chunks
+from rstar2_trainer.training.batching import (
+    Batch,
+    make_batch,
+    response_logprobs,
+    token_budget_chunks,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -223,8 +228,8 @@ def make_micro_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> 
     return MicroBatch(moved, values)
 
 
-def partition_rows(rows: Sequence[Row], world_size: int) -> list[list[Row]]:
-    """Split rows over ranks, longest first onto the rank with the fewest tokens so far."""
+def partition_indices(rows: Sequence[Row], world_size: int) -> list[list[int]]:
+    """Row indices per rank, longest first onto the rank with the fewest tokens so far."""
     if len(rows) < world_size:
         raise ValueError(f"{len(rows)} rows cannot give each of {world_size} ranks one")
     order = sorted(
@@ -236,7 +241,20 @@ def partition_rows(rows: Sequence[Row], world_size: int) -> list[list[Row]]:
         r = min(range(world_size), key=lambda k: (load[k], len(parts[k])))
         parts[r].append(i)
         load[r] += len(rows[i].prompt_ids) + len(rows[i].response_ids)
-    return [[rows[i] for i in sorted(p)] for p in parts]
+    return [sorted(p) for p in parts]
+
+
+def partition_rows(rows: Sequence[Row], world_size: int) -> list[list[Row]]:
+    """Split rows over ranks (`partition_indices`)."""
+    return [[rows[i] for i in p] for p in partition_indices(rows, world_size)]
+
+
+def with_values(rows: Sequence[Row], key: str, values: Sequence[Sequence[float]]) -> list[Row]:
+    """The rows with one more per-token value each (e.g. `old_logp`)."""
+    return [
+        Row(r.prompt_ids, r.response_ids, r.loss_mask, {**r.values, key: list(v)})
+        for r, v in zip(rows, values, strict=True)
+    ]
 
 
 def _all_reduce(
@@ -311,6 +329,41 @@ def train_step(
         micro_batches=int(steps),
         metrics={k: v / total_tokens for k, v in zip(keys, sums[1:], strict=True)},
     )
+
+
+@torch.no_grad()
+def row_logprobs(
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    *,
+    pad_id: int,
+    micro_batch_tokens: int,
+    device: torch.device | None = None,
+    temperature: float = 1.0,
+) -> list[list[float]]:
+    """This rank's rows' response-token logprobs under the current weights (collective).
+
+    The "old" logprobs of a PPO-style update: the same micro-batches as `train_step`, and on
+    more than one rank the same zero-weighted repeats, so every rank joins every all-gather.
+    """
+    if not rows:
+        raise ValueError("every rank needs at least one row (see partition_rows)")
+    device = device or next(model.parameters()).device
+    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+    chunks = list(token_budget_chunks(lengths, micro_batch_tokens))
+    (steps,) = _all_reduce([float(len(chunks))], dist.ReduceOp.MAX, device)
+    was_training = model.training
+    model.eval()
+    out: list[list[float]] = [[] for _ in rows]
+    for k in range(int(steps)):
+        chunk = chunks[min(k, len(chunks) - 1)]
+        mb = make_micro_batch([rows[i] for i in chunk], pad_id, device)
+        logp, _ = response_logprobs(model, mb.batch, temperature=temperature)  # [B, T]
+        if k < len(chunks):
+            for j, i in enumerate(chunk):
+                out[i] = logp[j, : len(rows[i].response_ids)].float().cpu().tolist()
+    model.train(was_training)
+    return out
 
 
 def _clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> float:

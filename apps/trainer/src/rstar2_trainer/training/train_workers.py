@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rstar2_trainer.distributed import DistributedConfig, Row, StepResult, TokenLoss
-from rstar2_trainer.weight_sync import SyncTimes, sleepers
+from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
+from rstar2_trainer.training.weight_sync import SyncTimes, sleepers
 
 
 def sft_loss(logp: Any, mb: Any) -> Any:
@@ -79,7 +79,7 @@ class TrainWorker:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rstar2_trainer.distributed import init_distributed, shard_model
+        from rstar2_trainer.training.distributed import init_distributed, shard_model
 
         host, port = master.rsplit(":", 1)
         os.environ.update(
@@ -110,7 +110,7 @@ class TrainWorker:
         max_grad_norm: float | None,
         options: dict[str, Any] | None = None,
     ) -> StepResult:
-        from rstar2_trainer.distributed import train_step
+        from rstar2_trainer.training.distributed import train_step
 
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -127,9 +127,24 @@ class TrainWorker:
             **(options or {}),
         )
 
+    def logprobs(
+        self, rows: Sequence[Row], pad_id: int, micro_batch_tokens: int, temperature: float
+    ) -> list[list[float]]:
+        """This rank's rows' response logprobs under the current weights (collective)."""
+        from rstar2_trainer.training.distributed import row_logprobs
+
+        return row_logprobs(
+            self.model,
+            rows,
+            pad_id=pad_id,
+            micro_batch_tokens=micro_batch_tokens,
+            device=self.world.device,
+            temperature=temperature,
+        )
+
     def full_state(self) -> list[tuple[str, Any]]:
         """The unsharded weights (collective); rank 0 returns them, the others []."""
-        from rstar2_trainer.distributed import full_state_dict
+        from rstar2_trainer.training.distributed import full_state_dict
 
         return list(full_state_dict(self.model).items())
 
@@ -144,18 +159,18 @@ class TrainWorker:
         set_model_state_dict(self.model, dict(named_tensors), options=options)
 
     def save(self, root: str, step: int, keep: int) -> str:
-        from rstar2_trainer.sharded_checkpoint import save_sharded
+        from rstar2_trainer.rundir.sharded_checkpoint import save_sharded
 
         path = save_sharded(Path(root), step, model=self.model, optimizer=self.optimizer, keep=keep)
         return str(path)
 
     def load(self, path: str) -> dict[str, Any]:
-        from rstar2_trainer.sharded_checkpoint import load_sharded
+        from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
 
         return load_sharded(Path(path), model=self.model, optimizer=self.optimizer)
 
     def close(self) -> None:
-        from rstar2_trainer.distributed import close_distributed
+        from rstar2_trainer.training.distributed import close_distributed
 
         close_distributed()
 
@@ -217,7 +232,7 @@ class TrainGroup:
         """One optimizer step over all rows, split across the ranks; rank 0's result.
 
         `options` go to `distributed.train_step` (normalize_by, temperature, with_entropy)."""
-        from rstar2_trainer.distributed import partition_rows
+        from rstar2_trainer.training.distributed import partition_rows
 
         shards = partition_rows(rows, len(self.actors))
         calls = [
@@ -225,6 +240,23 @@ class TrainGroup:
             for a, shard in zip(self.actors, shards, strict=True)
         ]
         return (await asyncio.gather(*calls))[0]
+
+    async def with_old_logprobs(
+        self, rows: Sequence[Row], *, pad_id: int, micro_batch_tokens: int, temperature: float
+    ) -> list[Row]:
+        """The rows, in their order, each with `values["old_logp"]` computed on the ranks."""
+        from rstar2_trainer.training.distributed import partition_indices, with_values
+
+        parts = partition_indices(rows, len(self.actors))
+        calls = [
+            a.logprobs.remote([rows[i] for i in part], pad_id, micro_batch_tokens, temperature)
+            for a, part in zip(self.actors, parts, strict=True)
+        ]
+        logps: list[list[float]] = [[] for _ in rows]
+        for part, got in zip(parts, await asyncio.gather(*calls), strict=True):
+            for i, logp in zip(part, got, strict=True):
+                logps[i] = logp
+        return with_values(rows, "old_logp", logps)
 
     async def load_state(self, named_tensors: Any) -> None:
         """Full weights into every rank's shards (one object-store copy for all ranks)."""
@@ -275,7 +307,7 @@ async def sync_to_engines(group: TrainGroup, engines: Sequence[Any]) -> SyncTime
 
     Sleeping engines are woken as `weight_sync.push_weights` does: weights, load, KV cache.
     `load_s` is the gather on the ranks plus the slowest engine's load."""
-    from rstar2_trainer.cluster import ray_engines
+    from rstar2_trainer.placement.cluster import ray_engines
 
     start = time.perf_counter()
     asleep = [e for e in sleepers(engines) if e.sleeping]

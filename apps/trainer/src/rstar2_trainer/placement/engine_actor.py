@@ -39,7 +39,7 @@ from rstar2_rollout import (
     SleepingEngine,
     build_engine,
 )
-from rstar2_trainer.servers import ChildServer, console_script
+from rstar2_trainer.placement.servers import ChildServer, console_script
 
 
 class EngineActor:
