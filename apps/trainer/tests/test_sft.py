@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2_rollout.tiny import build_tiny_model
-from rstar2_trainer.sft import loss_sum, micro_batches, train_sft
+from rstar2_trainer.sft import loss_sum, micro_batches, sft_batches, train_sft
 from rstar2_trainer.training.precision import FP32_CPU
 
 
@@ -69,3 +69,19 @@ def test_train_sft_lowers_the_loss_with_fewer_forwards_than_examples(tmp_path):
     )
     assert result.steps == 6 and result.micro_batches < 3 * len(examples)
     assert result.last_loss < result.first_loss
+
+
+def test_sft_batches_are_seeded_epochs_and_a_small_tail_joins_the_last_batch():
+    plain = sft_batches(9, epochs=2, batch_size=4, seed=0)
+    assert [len(b) for b in plain] == [4, 4, 1, 4, 4, 1]
+    assert sorted(i for b in plain[:3] for i in b) == list(range(9))
+    assert plain == sft_batches(9, epochs=2, batch_size=4, seed=0)
+    assert plain != sft_batches(9, epochs=2, batch_size=4, seed=1)
+    ranks = sft_batches(9, epochs=2, batch_size=4, seed=0, min_size=2)
+    assert [len(b) for b in ranks] == [4, 5, 4, 5]  # each of 2 ranks needs one example
+    assert [set(b) for b in ranks] == [
+        set(plain[0]),
+        set(plain[1] + plain[2]),
+        set(plain[3]),
+        set(plain[4] + plain[5]),
+    ]

@@ -7,7 +7,7 @@
 - slow: two gloo ranks as Ray actors (`worker_policy.WorkerPolicy`) take that same step, and the
   engine that then receives rank 0's weights generates what transformers does with them; with
   mini-batches and epochs they compute the old logprobs and take the driver's PPO-style steps;
-- slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT in the driver and
+- slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT and
   its RL steps on the workers, logs the update's metrics, saves the workers' sharded checkpoints,
   and `--resume` restores them (the exported policy equals the workers' last checkpoint).
 """
@@ -348,6 +348,73 @@ def test_two_workers_take_the_drivers_ppo_style_update(tmp_path):
     _check_weights(state, model.state_dict(), model_dir, steps=4)
 
 
+@pytest.mark.slow
+def test_two_workers_take_the_drivers_sft_steps(tmp_path):
+    """SFT on two gloo ranks: the driver's batches, schedule, loss and clip, step for step."""
+    pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
+    import ray
+
+    from rstar2_trainer.config import load_config
+    from rstar2_trainer.placement.cluster import connect
+    from rstar2_trainer.training.policy import DriverPolicy
+    from rstar2_trainer.training.precision import FP32_CPU
+    from rstar2_trainer.training.worker_policy import open_worker_policy
+
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
+    overrides = [
+        "model.layers=2",
+        "model.vocab_size=1024",
+        "sft.epochs=2",
+        "sft.batch_size=4",
+        "sft.lr=0.003",
+        "sft.micro_batch_tokens=48",
+    ]
+    workers_config = load_config(
+        "tiny", [*overrides, "cluster.kind=ray", "cluster.num_cpus=4", "cluster.train_workers=2"]
+    )
+    gen = torch.Generator().manual_seed(1)
+    examples = []
+    for n in (7, 19, 12, 30, 5, 16, 24, 9):
+        ids = torch.randint(3, 1000, (n,), generator=gen).tolist()
+        examples.append((ids, [0] * 3 + [1] * (n - 3)))
+    seen: dict[str, list[float]] = {"driver": [], "workers": []}
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    driver = DriverPolicy(model, load_config("tiny", overrides), FP32_CPU, pad_id=0)
+    want = asyncio.run(
+        driver.sft(
+            examples,
+            load_config("tiny", overrides).sft,
+            seed=0,
+            on_step=lambda s, t, loss: seen["driver"].append(loss),
+        )
+    )
+
+    async def on_workers() -> tuple[Any, dict[str, torch.Tensor]]:
+        async with open_worker_policy(workers_config, model_dir, pad_id=0) as workers:
+            assert workers is not None
+            got = await workers.sft(
+                examples,
+                workers_config.sft,
+                seed=0,
+                on_step=lambda s, t, loss: seen["workers"].append(loss),
+            )
+            return got, dict(await workers.group.full_state())
+
+    assert workers_config.cluster is not None
+    connect(workers_config.cluster)
+    try:
+        got, state = asyncio.run(on_workers())
+    finally:
+        ray.shutdown()
+    assert got.steps == want.steps == 4 and got.tokens == want.tokens
+    assert len(seen["workers"]) == 4
+    for a, b in zip(seen["workers"], seen["driver"], strict=True):
+        assert abs(a - b) < 1e-4, (seen["workers"], seen["driver"])
+    assert got.last_loss < got.first_loss
+    _check_weights(state, model.state_dict(), model_dir, steps=4)
+
+
 CLUSTER_RUN = [
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,96,96]",
@@ -403,7 +470,7 @@ def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
             assert isinstance(r[key], float), (key, r)
         assert r["kept"] >= 2 and r["train_tokens"] > 0 and r["time_train_s"] > 0
         assert r["time_sync_s"] >= r["time_sync_load_s"] > 0
-    assert any(r["phase"] == "sft" for r in read_metrics(run_dir))  # SFT ran in the driver
+    assert any(r["phase"] == "sft" for r in read_metrics(run_dir))  # SFT ran on the workers
 
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "latest").read_text() == "step_000003"

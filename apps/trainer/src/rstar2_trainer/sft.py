@@ -30,6 +30,8 @@ from rstar2_trainer.training.batching import make_batch, response_logprobs
 from rstar2_trainer.training.precision import FP32_CPU, Precision
 
 Example = tuple[list[int], list[int]]  # token ids, loss mask (1: an assistant token to learn)
+OnStep = Callable[[int, int, float], None]  # (step, total steps, the step's loss)
+MAX_GRAD_NORM = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,25 @@ def cosine_with_warmup(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+def sft_batches(
+    count: int, *, epochs: int, batch_size: int, seed: int, min_size: int = 1
+) -> list[list[int]]:
+    """The example indices of every SFT step: each epoch a seeded shuffle cut into `batch_size`
+    pieces; a last piece smaller than `min_size` (the training ranks: each needs one example)
+    joins the piece before it."""
+    rng = random.Random(seed)
+    out: list[list[int]] = []
+    for _ in range(epochs):
+        order = list(range(count))
+        rng.shuffle(order)
+        pieces = [order[i : i + batch_size] for i in range(0, count, batch_size)]
+        if len(pieces) > 1 and len(pieces[-1]) < min_size:
+            tail = pieces.pop()
+            pieces[-1] += tail
+        out += pieces
+    return out
+
+
 def train_sft(
     model: torch.nn.Module,
     examples: Sequence[Example],
@@ -90,12 +111,12 @@ def train_sft(
     warmup_ratio: float,
     seed: int,
     micro_batch_tokens: int = 4096,
-    on_step: Callable[[int, int, float], None] | None = None,
+    on_step: OnStep | None = None,
     precision: Precision = FP32_CPU,
 ) -> SFTResult:
     """Train `model` in place on `examples`; return the loss trajectory."""
-    rng = random.Random(seed)
-    total = epochs * math.ceil(len(examples) / batch_size)
+    batches = sft_batches(len(examples), epochs=epochs, batch_size=batch_size, seed=seed)
+    total = len(batches)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, int(total * warmup_ratio))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -103,29 +124,26 @@ def train_sft(
     )
     model.train()
     step, first, last, tokens, forwards = 0, float("nan"), float("nan"), 0, 0
-    for _ in range(epochs):
-        order = list(range(len(examples)))
-        rng.shuffle(order)
-        for start in range(0, len(order), batch_size):
-            picked = [examples[i] for i in order[start : start + batch_size]]
-            groups = micro_batches(picked, micro_batch_tokens)
-            n = sum(sum(mask[1:]) for _, mask in picked)
-            optimizer.zero_grad(set_to_none=True)
-            value = 0.0
-            for rows in groups:
-                loss = loss_sum(model, rows, precision) / max(1, n)
-                loss.backward()
-                value += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            first = value if step == 0 else first
-            last = value
-            tokens += n
-            forwards += len(groups)
-            step += 1
-            if on_step is not None:
-                on_step(step, total, value)
+    for indices in batches:
+        picked = [examples[i] for i in indices]
+        groups = micro_batches(picked, micro_batch_tokens)
+        n = sum(sum(mask[1:]) for _, mask in picked)
+        optimizer.zero_grad(set_to_none=True)
+        value = 0.0
+        for rows in groups:
+            loss = loss_sum(model, rows, precision) / max(1, n)
+            loss.backward()
+            value += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        scheduler.step()
+        first = value if step == 0 else first
+        last = value
+        tokens += n
+        forwards += len(groups)
+        step += 1
+        if on_step is not None:
+            on_step(step, total, value)
     model.eval()
     return SFTResult(
         steps=step, first_loss=first, last_loss=last, tokens=tokens, micro_batches=forwards

@@ -52,10 +52,9 @@ from rstar2_trainer.rundir import MetricsLog, read_metrics, report, truncate_met
 from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_policy
 from rstar2_trainer.rundir.export import load_weights
 from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
-from rstar2_trainer.sft import train_sft
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
 from rstar2_trainer.training.policy import Policy, open_policy
-from rstar2_trainer.training.precision import FP32_CPU, Precision
+from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import warmup_lr
 from rstar2_trainer.training.weight_sync import release_engines
 from rstar2_verify import is_correct
@@ -144,7 +143,7 @@ async def _train(
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
             if ckpt is None:
-                await start(run, traces, pad_id, precision)
+                await start(run, traces)
             else:
                 await restore(run, ckpt)
             while not curriculum.plan.finished:
@@ -195,7 +194,7 @@ async def run_eval(run: Run, when: str) -> None:
         )
 
 
-async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> None:
+async def start(run: Run, traces: list) -> None:
     """A new run: (evaluate,) SFT, evaluate, hand the weights to the policy, checkpoint 0."""
     config, parts = run.config, run.parts
     if config.init is not None:
@@ -205,7 +204,8 @@ async def start(run: Run, traces: list, pad_id: int, precision: Precision) -> No
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
     if config.sft.enabled:
-        run_sft(config, parts, traces, run.log, pad_id, precision)
+        await run_sft(run, traces)
+        await run.policy.export_into(parts.model)  # SFT on training ranks: the driver's copy
         await _sync_driver(run)
     await run_eval(run, "after_sft")
     await run.policy.load_from(parts.model)
@@ -396,16 +396,10 @@ def tokenizer_corpus(problems: list, traces: list, style: str = "paper") -> list
     return corpus
 
 
-def run_sft(
-    config: TrainerConfig,
-    parts: Parts,
-    traces: list,
-    log: MetricsLog,
-    pad_id: int,
-    precision: Precision = FP32_CPU,
-) -> None:
-    """Non-reasoning SFT on the run's SFT examples (data or synthetic traces), encoded exactly
-    as the agent loop renders a conversation."""
+async def run_sft(run: Run, traces: list) -> None:
+    """Non-reasoning SFT of the policy (in the driver or on the training ranks) on the run's SFT
+    examples (data or synthetic traces), encoded exactly as the agent loop renders them."""
+    config, parts, log = run.config, run.parts, run.log
     style = config.rollout.system_prompt
     examples = [
         encode_conversation(parts.tokenizer, ex.messages, ex.tools, style=style) for ex in traces
@@ -419,18 +413,7 @@ def run_sft(
             if step == 1 or step % 10 == 0 or step == total:
                 log.log("sft", step, {"loss": loss})
 
-        result = train_sft(
-            parts.model,
-            examples,
-            epochs=sft.epochs,
-            batch_size=sft.batch_size,
-            lr=sft.lr,
-            warmup_ratio=sft.warmup_ratio,
-            seed=config.run.seed,
-            micro_batch_tokens=sft.micro_batch_tokens,
-            on_step=on_step,
-            precision=precision,
-        )
+        result = await run.policy.sft(examples, sft, seed=config.run.seed, on_step=on_step)
     report.console.print(
         f"SFT: {result.steps} steps on {len(examples)} traces, loss {result.first_loss:.3f} -> "
         f"{result.last_loss:.3f}"

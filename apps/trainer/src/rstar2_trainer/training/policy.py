@@ -2,7 +2,8 @@
 
     Policy.update(kept, advantages, lr, temperature)  one RL update (mini-batches x epochs)
     Policy.sync(parts)                                 the weights into the rollout engines
-    Policy.load_from(model)                            the driver's weights in (after SFT)
+    Policy.sft(examples, sft, seed, on_step)           non-reasoning SFT (before RL)
+    Policy.load_from(model)                            the driver's weights in
     Policy.save(checkpoints, step, state)              the run's checkpoint of this step
     Policy.restore(checkpoint)                         back to a checkpoint
     Policy.reset_optimizer()                           a fresh optimizer (a stage switch)
@@ -30,8 +31,9 @@ from typing import Any, Protocol
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.config import TrainerConfig
+from rstar2_trainer.config import SFTConfig, TrainerConfig
 from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
+from rstar2_trainer.sft import Example, OnStep, SFTResult, train_sft
 from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, with_values
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import (
@@ -51,6 +53,10 @@ class Policy(Protocol):
     ) -> dict[str, float]: ...
 
     async def sync(self, parts: Any) -> dict[str, float]: ...
+
+    async def sft(
+        self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
+    ) -> SFTResult: ...
 
     async def load_from(self, model: torch.nn.Module) -> None: ...
 
@@ -157,6 +163,23 @@ class DriverPolicy:
 
     async def reset_optimizer(self) -> None:
         self.optimizer = self._new_optimizer()
+
+    async def sft(
+        self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
+    ) -> SFTResult:
+        """SFT of the driver's model, with an optimizer of its own (the RL one is untouched)."""
+        return train_sft(
+            self.model,
+            examples,
+            epochs=sft.epochs,
+            batch_size=sft.batch_size,
+            lr=sft.lr,
+            warmup_ratio=sft.warmup_ratio,
+            seed=seed,
+            micro_batch_tokens=sft.micro_batch_tokens,
+            on_step=on_step,
+            precision=self.precision,
+        )
 
     async def export_into(self, model: torch.nn.Module) -> None:
         if model is not self.model:  # the driver's own model is the policy: nothing to copy

@@ -95,10 +95,12 @@ class TrainWorker:
         self.optim_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
         self.reset_optimizer()
 
-    def reset_optimizer(self) -> None:
+    def reset_optimizer(self, overrides: dict[str, Any] | None = None) -> None:
+        """A fresh AdamW: the RL settings, or those with `overrides` (SFT's lr and decay)."""
         import torch
 
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optim_args)
+        args = {**self.optim_args, **(overrides or {})}
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **args)
 
     def step(
         self,
@@ -265,8 +267,8 @@ class TrainGroup:
         ref = ray.put(list(named_tensors))
         await asyncio.gather(*(a.load_state.remote(ref) for a in self.actors))
 
-    async def reset_optimizer(self) -> None:
-        await asyncio.gather(*(a.reset_optimizer.remote() for a in self.actors))
+    async def reset_optimizer(self, **overrides: Any) -> None:
+        await asyncio.gather(*(a.reset_optimizer.remote(overrides) for a in self.actors))
 
     async def save(self, root: Path, step: int, *, keep: int) -> Path:
         """A sharded checkpoint of model and optimizer, `root/step_NNNNNN/`, all ranks at once."""

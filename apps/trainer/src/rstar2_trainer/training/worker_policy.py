@@ -18,7 +18,9 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
   logprobs are computed on the ranks first (`distributed.row_logprobs`), as the driver does.
 - `sync(parts)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
   returns the `time_sync_s` metrics.
-- SFT stays in the driver: `load_from(model)` copies the driver's weights into the ranks before RL.
+- `sft(examples, ...)` runs non-reasoning SFT on the ranks, step for step the driver's
+  (`sft.train_sft`); `export_into(model)` then hands the driver the SFT'd weights for the
+  engines. `load_from(model)` copies the driver's weights into the ranks.
 - Checkpoints: `save(checkpoints, step, state)` writes the ranks' sharded model and optimizer to
   `checkpoints/workers/step_NNNNNN/` (DCP, loads at any world size), before the driver writes its
   own checkpoint (curriculum, RNG, step; no model) so the driver's `latest` never points at a step
@@ -26,9 +28,9 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
 - `export_into(model)` copies the trained weights into the driver's model (for `save_policy`).
 
 Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
-with `train_workers`), SFT on the ranks, a batch with fewer kept trajectories than ranks (an
-error that says what to change). The driver still loads one full copy of the model (for SFT and
-the exported policy).
+with `train_workers`), a batch with fewer kept trajectories than ranks (an
+error that says what to change). The driver still loads one full copy of the model (the
+engines' first weights, the evaluation after SFT and the exported policy).
 """
 
 from __future__ import annotations
@@ -41,10 +43,18 @@ from typing import Any
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.config import TrainerConfig
+from rstar2_trainer.config import SFTConfig, TrainerConfig
 from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
-from rstar2_trainer.training.distributed import DistributedConfig
-from rstar2_trainer.training.train_workers import TrainGroup, sync_to_engines
+from rstar2_trainer.sft import (
+    MAX_GRAD_NORM,
+    Example,
+    OnStep,
+    SFTResult,
+    cosine_with_warmup,
+    sft_batches,
+)
+from rstar2_trainer.training.distributed import DistributedConfig, Row
+from rstar2_trainer.training.train_workers import TrainGroup, sft_loss, sync_to_engines
 from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
@@ -106,6 +116,51 @@ class WorkerPolicy:
     async def sync(self, parts: Any) -> dict[str, float]:
         """Rank 0's weights into every engine; `time_sync_s` and its parts."""
         return (await sync_to_engines(self.group, parts.engines)).as_metrics()
+
+    async def sft(
+        self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
+    ) -> SFTResult:
+        """SFT on the ranks: the driver's steps (`sft.sft_batches`, the cosine schedule, the
+        token-mean loss over each step's examples, the clip), each a `train_step` over the
+        ranks. The ranks' optimizer is SFT's during it and a fresh RL one after."""
+        batches = sft_batches(
+            len(examples),
+            epochs=sft.epochs,
+            batch_size=sft.batch_size,
+            seed=seed,
+            min_size=len(self.group.actors),
+        )
+        if not batches or len(batches[0]) < len(self.group.actors):
+            raise ValueError(
+                f"{len(examples)} SFT examples cannot give each of {len(self.group.actors)} "
+                "training workers one; raise sft.batch_size or add examples"
+            )
+        total = len(batches)
+        warmup = max(1, int(total * sft.warmup_ratio))
+        await self.group.reset_optimizer(lr=sft.lr, weight_decay=0.0, betas=(0.9, 0.999))
+        first = last = float("nan")
+        tokens = forwards = 0
+        for step, indices in enumerate(batches):
+            rows = [
+                Row(ids[:1], ids[1:], mask[1:])  # every token after the first, as sft.loss_sum
+                for ids, mask in (examples[i] for i in indices)
+            ]
+            result = await self.group.step(
+                rows,
+                sft_loss,
+                lr=sft.lr * cosine_with_warmup(step, total, warmup),
+                pad_id=self.pad_id,
+                micro_batch_tokens=sft.micro_batch_tokens,
+                max_grad_norm=MAX_GRAD_NORM,
+                normalize_by="tokens",
+            )
+            first = result.loss if step == 0 else first
+            last = result.loss
+            tokens += result.tokens
+            forwards += result.micro_batches
+            on_step(step + 1, total, result.loss)
+        await self.group.reset_optimizer()
+        return SFTResult(total, first, last, tokens, forwards)
 
     async def load_from(self, model: torch.nn.Module) -> None:
         """The driver's weights (after SFT) into every rank."""
