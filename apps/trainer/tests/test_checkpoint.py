@@ -1,11 +1,11 @@
 import random
 
 import numpy as np
-import pytest
 import torch
 
-from rstar2_trainer.rundir import MetricsLog, read_metrics, truncate_metrics
+from rstar2_trainer.rundir import read_metrics, truncate_metrics
 from rstar2_trainer.rundir.checkpoint import load_latest, save_checkpoint
+from rstar2_trainer.tracking import JsonlTracker
 
 
 def _model():
@@ -57,18 +57,16 @@ def test_no_checkpoint_is_none(tmp_path):
     assert load_latest(tmp_path) is None
 
 
-@pytest.mark.parametrize("tb", [False, True])
-def test_metrics_truncate_to_a_step_drops_later_and_torn_lines(tmp_path, tb):
-    log = MetricsLog(tmp_path, tensorboard=tb)
+def test_metrics_truncate_to_a_step_drops_later_and_torn_lines(tmp_path):
+    log = JsonlTracker(tmp_path, resume=None)
     log.log("sft", 1, {"loss": 2.0})
     for step in (1, 2, 3):
         log.log("rl", step, {"reward": step / 10, "nan": float("nan")})
-    log.close()
+    log.log("benchmark", 3, {"benchmark": "aime", "accuracy": 0.5})
+    log.close(ok=False)
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"phase": "rl", "step": 4, "rew')  # a line torn by SIGKILL
     truncate_metrics(tmp_path, rl_step=2)
     records = read_metrics(tmp_path)
     assert [(r["phase"], r["step"]) for r in records] == [("sft", 1), ("rl", 1), ("rl", 2)]
     assert records[1]["nan"] is None
-    if tb:
-        assert list((tmp_path / "tb").iterdir())

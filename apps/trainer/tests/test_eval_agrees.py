@@ -41,7 +41,7 @@ RUN = [
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,64,64]",
     "algo.group_size=2",
-    "run.tensorboard=false",
+    "run.trackers=[jsonl]",
     "run.plots=false",
 ]
 

@@ -102,7 +102,7 @@ def test_sft_from_data_then_stages_with_the_hard_pass_and_benchmarks(tmp_path):
         "eval.benchmark.samples=2",
         "eval.benchmark.max_response_tokens=32",
         "eval.benchmark.max_turns=2",
-        "run.tensorboard=false",
+        "run.trackers=[jsonl]",
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "rstar2_trainer.cli", *args],

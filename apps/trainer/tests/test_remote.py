@@ -24,7 +24,7 @@ SMALL = [
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[64,64,64]",
     "run.plots=false",
-    "run.tensorboard=false",
+    "run.trackers=[jsonl]",
 ]
 
 

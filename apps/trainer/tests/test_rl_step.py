@@ -30,7 +30,7 @@ FAST = [
     "curriculum.tiny.max_response_tokens=[24,24,24]",
     "algo.group_size=2",
     "algo.filtering=none",  # keep equal-reward groups: an untrained model scores 0 everywhere
-    "run.tensorboard=false",
+    "run.trackers=[jsonl]",
     "run.plots=false",
 ]
 

@@ -25,7 +25,7 @@ SMALL = [
     "model.layers=2",
     "model.vocab_size=1024",
     "engine.kv_cache_memory_bytes=67108864",
-    "run.tensorboard=true",
+    "run.trackers=[jsonl,tensorboard]",
 ]
 
 

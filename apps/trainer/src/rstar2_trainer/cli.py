@@ -154,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         config, where, resume = _resolve(args)
         from rstar2_trainer.data import load_run_data, write_reports
         from rstar2_trainer.placement.local import check_local_engines
+        from rstar2_trainer.tracking import check_trackers
 
         check_local_engines(config)
+        check_trackers(config.run)
         data = load_run_data(config, resume=resume)
         if config.init is not None and not resume:
             config = resolve_origin(config, data)
@@ -172,11 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         write_config(run_dir, config)
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
+    from rstar2_trainer.logs import quiet
     from rstar2_trainer.placement.cluster import ClusterError
     from rstar2_trainer.train import run
 
     try:
-        run(config, run_dir, resume=resume, data=data)
+        with quiet(run_dir, config.run.log_level):  # the libraries' logs to RUN_DIR/logs/run.log
+            run(config, run_dir, resume=resume, data=data)
     except (ServerError, ClusterError, SandboxStartError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1

@@ -43,6 +43,29 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class WandbSettings(_Section):
+    """The Weights & Biases run (`run.trackers` has wandb); its files go under RUN_DIR/wandb."""
+
+    project: str = Field(default="rstar2", description="wandb project.")
+    entity: str | None = Field(default=None, description="wandb team or user; unset: yours.")
+    mode: Literal["online", "offline"] | None = Field(
+        default=None,
+        description="offline: write the run to RUN_DIR/wandb only (upload later with `wandb "
+        "sync`); unset: wandb's own choice (WANDB_MODE, else online).",
+    )
+
+
+class MlflowSettings(_Section):
+    """The MLflow run (`run.trackers` has mlflow)."""
+
+    tracking_uri: str | None = Field(
+        default=None,
+        description="Where MLflow keeps runs (http://host:port, sqlite:///path.db, "
+        "file:///dir); unset: a file store in RUN_DIR/mlruns.",
+    )
+    experiment: str = Field(default="rstar2", description="MLflow experiment of the run.")
+
+
 class RunConfig(_Section):
     """Where the run writes and how it is seeded."""
 
@@ -55,8 +78,45 @@ class RunConfig(_Section):
     threads: int = Field(default=1, gt=0, description="torch threads of the trainer process.")
     checkpoint_every: int = Field(default=1, gt=0, description="RL steps between checkpoints.")
     keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept on disk.")
-    tensorboard: bool = Field(default=True, description="Write TensorBoard events.")
+    trackers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default=["jsonl", "tensorboard"],
+        description="Where metrics, the resolved config and the plots go, any of jsonl "
+        "(RUN_DIR/metrics.jsonl), tensorboard (RUN_DIR/tb), wandb, mlflow (the last two need "
+        "the trainer's extra of that name).",
+    )
+    wandb: WandbSettings = Field(
+        default_factory=WandbSettings, description="The wandb tracker's run."
+    )
+    mlflow: MlflowSettings = Field(
+        default_factory=MlflowSettings, description="The mlflow tracker's run."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info",
+        description="Level of RUN_DIR/logs/run.log, where the libraries (vLLM, Ray, "
+        "transformers, torch) and child processes write; the terminal keeps the trainer's "
+        "progress, its warnings and errors.",
+    )
     plots: bool = Field(default=True, description="Draw PNG plots of the main curves at the end.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_flag(cls, data: Any) -> Any:
+        """`tensorboard: true|false` (configs saved before run.trackers) as its trackers list."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        flag = data.pop("tensorboard")
+        if "trackers" in data:
+            raise ValueError("run.tensorboard is replaced by run.trackers; drop run.tensorboard")
+        data["trackers"] = ["jsonl", "tensorboard"] if flag else ["jsonl"]
+        return data
+
+    @field_validator("trackers")
+    @classmethod
+    def _once_each(cls, trackers: list[str]) -> list[str]:
+        if len(set(trackers)) != len(trackers):
+            raise ValueError("name each tracker once")
+        return trackers
 
 
 class TinyModelConfig(_Section):

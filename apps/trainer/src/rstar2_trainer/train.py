@@ -20,7 +20,8 @@ instead: no SFT, the checkpoint's weights (optionally its optimizer and curricul
 evaluated as `init`, checkpoint 0, then RL.
 
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
-checkpoint and drops metrics logged after it, so no step is lost or repeated. Every random choice
+checkpoint and the trackers drop or hold back what was logged after it (tracking.py), so no step
+is lost or repeated. Every random choice
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
 """
 
@@ -48,11 +49,12 @@ from rstar2_trainer.evaluate import evaluate, evaluate_benchmark, held_out_probl
 from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
-from rstar2_trainer.rundir import MetricsLog, read_metrics, report, truncate_metrics
+from rstar2_trainer.rundir import report
 from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_policy
 from rstar2_trainer.rundir.export import load_weights
 from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
+from rstar2_trainer.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.training.policy import Policy, open_policy
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import warmup_lr
@@ -101,21 +103,20 @@ async def train(
     torch.set_num_threads(config.run.threads)
     if data is None:
         data = load_run_data(config, resume=resume)
-    if resume:
-        # Before the log is opened: lines past the checkpoint belong to the step being redone;
-        # with no checkpoint yet the run starts over, so nothing logged before is kept.
-        step = latest_step(run_dir / "checkpoints")
-        if step is None:
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        else:
-            truncate_metrics(run_dir, rl_step=step)
-    log = MetricsLog(run_dir, tensorboard=config.run.tensorboard)
+    # The trackers continue the tracked run of the checkpoint: what was logged past it belongs
+    # to the step being redone and goes; with no checkpoint yet the run starts over, and so do
+    # its tracked runs (tracking.py).
+    step = latest_step(run_dir / "checkpoints") if resume else None
+    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=step)
+    ok = False
     try:
         await _train(config, run_dir, log, resume, data)
+        if config.run.plots:
+            for path in report.draw_plots(run_dir, plot_records(run_dir, log)):
+                log.log_artifact(path)
+        ok = True
     finally:
-        log.close()
-    if config.run.plots:
-        report.draw_plots(run_dir, read_metrics(run_dir))
+        log.close(ok)
     return run_dir
 
 
@@ -363,6 +364,7 @@ async def save(run: Run) -> None:
     """The run's checkpoint of this step (the policy writes its own parts)."""
     state = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
     await run.policy.save(run.checkpoints, run.step, state)
+    run.log.checkpointed(run.step)
 
 
 def final_eval_command(config: TrainerConfig) -> str:

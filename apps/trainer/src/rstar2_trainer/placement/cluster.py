@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -71,20 +72,28 @@ def _ray() -> Any:
     return ray
 
 
-def connect(cluster: ClusterConfig) -> bool:
-    """Join or start Ray; return True when this call started it (the caller shuts it down)."""
+def connect(cluster: ClusterConfig, log_level: str = "info") -> bool:
+    """Join or start Ray; return True when this call started it (the caller shuts it down).
+    Ray's driver logger writes at `log_level` to stderr (RUN_DIR/logs/run.log under rstar2-train)."""
     ray = _ray()
     if ray.is_initialized():
         return False
+    level = logging.getLevelName(log_level.upper())
     if cluster.address is None:
         ray.init(
             num_cpus=cluster.num_cpus,
             namespace=cluster.namespace,
             include_dashboard=False,
             log_to_driver=False,
+            logging_level=level,
         )
     else:
-        ray.init(address=cluster.address, namespace=cluster.namespace, log_to_driver=False)
+        ray.init(
+            address=cluster.address,
+            namespace=cluster.namespace,
+            log_to_driver=False,
+            logging_level=level,
+        )
     return True
 
 
@@ -387,7 +396,7 @@ async def open_cluster_parts(
 
     placement: ClusterConfig = cluster or getattr(config, "cluster", None) or ClusterConfig()
     async with contextlib.AsyncExitStack() as stack:
-        if connect(placement):
+        if connect(placement, config.run.log_level):
             stack.callback(_ray().shutdown)
         model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)

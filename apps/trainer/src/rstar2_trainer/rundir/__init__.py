@@ -1,11 +1,12 @@
-"""The run directory: resolved config, metrics.jsonl, TensorBoard events, plots, checkpoints.
+"""The run directory: resolved config, metrics.jsonl, plots, logs, checkpoints.
 
 Layout of a run directory:
 
     config.yaml          the resolved TrainerConfig (what actually ran)
     config.schema.json   its JSON schema
     metrics.jsonl        one JSON object per logged event ({"phase": ..., "step": ..., ...})
-    tb/                  TensorBoard event files
+    tb/ wandb/ mlruns/   the other trackers' files, and tracking.json (see tracking.py)
+    logs/run.log         what the libraries and child processes say (see logs.py)
     plots/*.png          the main curves, redrawn at the end of the run
     checkpoints/         see checkpoint.py
 
@@ -47,43 +48,15 @@ def write_config(path: Path, config: BaseModel) -> None:
     (path / "config.schema.json").write_text(json.dumps(schema, indent=2))
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
+    """A record as JSON can hold it: non-finite floats become null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [clean(v) for v in value]
     return value
-
-
-class MetricsLog:
-    """Append-only metrics.jsonl plus TensorBoard scalars."""
-
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tb"))
-
-    def log(self, phase: str, step: int, metrics: Mapping[str, Any]) -> None:
-        record = {"phase": phase, "step": step, "time": time.time(), **_clean(dict(metrics))}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                numeric = isinstance(value, int | float) and not isinstance(value, bool)
-                if numeric and math.isfinite(value):
-                    self._tb.add_scalar(f"{phase}/{key}", value, step)
-            self._tb.flush()
-
-    def close(self) -> None:
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -101,11 +74,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def truncate_metrics(run_dir: Path, *, rl_step: int) -> None:
-    """Keep what a checkpoint at `rl_step` had already logged; drop later lines and torn ones."""
+    """Keep what a checkpoint at `rl_step` had already logged; drop later lines and torn ones.
+    Every phase but SFT (which counts its own steps, all before the first checkpoint) counts RL
+    steps."""
     kept = [
-        r
-        for r in read_metrics(run_dir)
-        if not (r.get("phase") in ("rl", "eval") and r.get("step", 0) > rl_step)
+        r for r in read_metrics(run_dir) if r.get("phase") == "sft" or r.get("step", 0) <= rl_step
     ]
     tmp = run_dir / "metrics.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
