@@ -106,6 +106,37 @@ def test_a_bad_override(tmp_path, data, capsys):
     assert "invalid config: temperature" in _one_line_error(capsys)
 
 
+def test_every_bad_override_is_a_line(tmp_path, data, capsys):
+    assert main(["run", str(tmp_path), str(data), "temperature=-1", "samples=0"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert sorted(line.split(":")[2].strip() for line in lines) == ["samples", "temperature"]
+    assert all(line.startswith("rstar2-eval: invalid config: ") for line in lines)
+
+
+@pytest.mark.parametrize("argv", [["--help-config"], ["run", "--help-config"]])
+def test_help_config_lists_the_keys(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "  samples: int = 16  -- Samples per problem (n)." not in out  # top level: no indent
+    assert "samples: int = 16  -- Samples per problem (n)." in out
+    assert "model (kind: local)  -- " in out and "model (kind: openai)  -- " in out
+    assert "  model.engine.max_num_seqs: int = 128" in out  # a variant inside a variant
+
+
+def test_help_config_of_a_section_and_of_no_such_section(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--help-config", "verify"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(line.startswith(("verify", "  verify.")) for line in out.splitlines() if line)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help-config", "nope"])
+    assert exit_.value.code == 2
+    assert "no config section 'nope': choose one of model, benchmark" in _one_line_error(capsys)
+
+
 def test_overrides_may_follow_options(tmp_path, data, capsys):
     argv = ["run", str(tmp_path), str(data), "--config", "quick", "samples=0"]
     assert main(argv) == 2

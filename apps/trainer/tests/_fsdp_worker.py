@@ -7,6 +7,9 @@ on rank 0, each step's loss, grad norm and full weights to --out. The test compa
 
   torchrun --nproc-per-node 2 _fsdp_worker.py train --out DIR [--activation-checkpointing]
   python _fsdp_worker.py resume --checkpoint DIR/ckpt/step_000001 --out DIR2
+  torchrun --nproc-per-node 2 _fsdp_worker.py checkpoint --model-dir M --checkpoint ROOT --out DIR
+      (a model folder trained one step, saved as the trainer's workers save it: step 1 under
+      ROOT, and its full weights as DIR/trained.pt)
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ def _step(model, optimizer, step: int, rank: int, world_size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "resume"])
+    parser.add_argument("mode", choices=["train", "resume", "checkpoint"])
+    parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoint", type=Path)
     parser.add_argument("--activation-checkpointing", action="store_true")
@@ -141,6 +145,20 @@ def main() -> None:
             torch.save(weights, args.out / f"{name}.pt")
             record["steps"][name] = metrics
 
+    if args.mode == "checkpoint":
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+        model = shard_model(loaded, config, world)
+        optimizer = build_optimizer(model)
+        _step(model, optimizer, 1, rank, ws)
+        assert args.checkpoint is not None
+        save_sharded(args.checkpoint, 1, model=model, optimizer=optimizer, keep=3)
+        weights = full_state_dict(model)
+        if rank == 0:
+            torch.save(weights, args.out / "trained.pt")
+        close_distributed()
+        return
     model = shard_model(build_model(), config, world)
     optimizer = build_optimizer(model)
     if args.mode == "train":

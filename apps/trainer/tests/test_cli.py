@@ -26,20 +26,32 @@ def test_override_is_applied():
     ("argv", "message"),
     [
         (["nope"], "no recipe 'nope'"),
-        (["tiny", "rollout.no_such=1"], "unknown key 'rollout.no_such'"),
+        (["tiny", "rollout.no_such=1"], "rollout.no_such: unknown key"),
+        (["tiny", "rollout.top_pp=1"], "rollout.top_pp: unknown key (did you mean top_p?)"),
         (["tiny", "rollout.top_p=-1"], "rollout.top_p"),
         (["tiny", "rollout.max_turns=7"], "rollout.max_turns is not read by the trainer"),
         (["tiny", "rollout.n=8"], "rollout.n is not read by the trainer"),
         (["tiny", "algo.kl_coef=0.1"], "set algo.kl_coef: 0"),
         (["tiny", "verify_service.mode=address"], "set address: host:port"),
-        (["tiny", "tool.kind=remote"], "tool.remote.addresses"),
+        (["tiny", "tool.kind=remote"], "tool.addresses: Field required for tool.kind remote"),
         (["tiny", "verify_service.address=h:1"], "only read in mode address"),
         (["tiny", "garbage"], "not of the form a.b=value"),
         (["tiny", "eval.samples=4", "eval.temperature=0"], "set eval.temperature above 0"),
         (["tiny", "sft.direct_share=1.5"], "sft.direct_share"),
         (["tiny", "engine.replicas=2"], "engine.replicas is now engine_replicas"),
-        (["tiny", "engine.max_num_seq=8"], "unknown key 'engine.max_num_seq' for engine.kind vllm"),
+        (["tiny", "engine.max_num_seq=8"], "engine.max_num_seq: unknown key for engine.kind vllm"),
         (["tiny", "engine.kind=hf"], "replace the section: 'engine={kind: hf}'"),
+        (
+            ["tiny", "curriculum.tiny.steps.3=5"],
+            "curriculum.tiny.steps: Tuple should have at most 3",
+        ),
+        (
+            ["tiny", "curriculum.tiny.steps.4=5"],
+            "override curriculum.tiny.steps.4: index 4 is out of range: curriculum.tiny.steps "
+            "has 3 items (0-2 replace one, 3 appends)",
+        ),
+        (["tiny", "eval.sources.1=a.jsonl"], "eval.sources is empty; 0 appends an item"),
+        (["tiny", "run.seed.0=1"], "run.seed is a value, not a section"),
         (["tiny", "engine.kind=sglang"], "engine: Input tag 'sglang' found using 'kind'"),
         (["tiny", "engine.model=/models/x"], "engine.model: the engines run the policy"),
         (["tiny", "engine.max_model_len=512"], "engine.max_model_len 512 is below the 1408"),
@@ -118,3 +130,83 @@ def test_data_mistakes_are_one_line_before_the_run_directory(tmp_path, capsys, o
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert not run_dir.exists()
+
+
+def test_a_number_in_an_override_indexes_a_list():
+    config = load_config(
+        "tiny",
+        [
+            "curriculum.tiny.steps.1=5",  # a list the recipe sets
+            "optim.betas.0=0.8",  # a list only the schema's default holds
+            "eval.sources.0=/data/aime.jsonl",  # index == length appends
+            "sft.source.0.path=/data/sft.jsonl",  # ... a section, when keys follow
+            "sft.source.0.weight=0.5",
+        ],
+    )
+    assert config.curriculum.tiny.steps == (10, 5, 10)
+    assert config.optim.betas == (0.8, 0.999)
+    assert config.eval.sources == ["/data/aime.jsonl"]
+    assert [(s.path, s.weight) for s in config.sft.source] == [("/data/sft.jsonl", 0.5)]
+
+
+def test_every_mistake_is_listed_a_line_each(capsys):
+    argv = ["tiny", "rollout.top_p=-1", "optim.lr=0", "rollout.no_such=1", "sft.epochs=x"]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "rstar2-train: 4 mistakes in tiny.yaml:"
+    assert sorted(lines[1:]) == [
+        "rstar2-train: optim.lr: Input should be greater than 0 (got 0)",
+        "rstar2-train: rollout.no_such: unknown key",
+        "rstar2-train: rollout.top_p: Input should be greater than 0 (got -1)",
+        "rstar2-train: sft.epochs: Input should be a valid integer, unable to parse string as an "
+        "integer (got 'x')",
+    ]
+
+
+def test_help_config_lists_keys_types_defaults_and_descriptions(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help-config"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "  run.seed: int = 0  -- The run seed; every other seed derives from it." in out
+    assert "  run.output_dir: Path | None = null  -- Run directory;" in out
+    assert "engine (kind: vllm)  -- " in out and "engine (kind: hf)  -- " in out  # each variant
+    assert "algo (name: grpo_roc)  -- " in out
+    assert "  curriculum.stages.N.name: str = required" in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help-config", "optim"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("optim  -- ") and "optim.lr: float = 1e-06" in out
+    assert all(line.startswith(("optim", "  optim.")) for line in out.splitlines())
+
+
+def test_help_config_of_an_unknown_section_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help-config", "optimizer"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no config section 'optimizer': choose one of run, model" in err
+
+
+def test_help_config_runs_as_a_command():  # the contract: `rstar2-train --help-config` exits 0
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rstar2_trainer.cli", "--help-config", "run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "run.keep_checkpoints: int = 2" in proc.stdout
+
+
+def test_every_config_key_has_a_description():
+    from rstar2_trainer._keys import describe
+    from rstar2_trainer.config import TrainerConfig
+
+    docs = describe(TrainerConfig)
+    assert len(docs) > 100  # the walk reaches the packages' sections and every variant
+    assert [d.key for d in docs if not d.description] == []

@@ -76,7 +76,45 @@ def test_mistakes_are_one_line_and_exit_2(run_dir, tmp_path, capsys, argv, messa
     assert message in err and err.count("\n") == 1
 
 
-def test_a_checkpoint_without_driver_weights_is_refused(run_dir):
+def test_a_checkpoint_without_weights_is_refused(run_dir):
     (run_dir / "checkpoints" / "step_000005" / "model.pt").unlink()
-    with pytest.raises(ConfigError, match="trained on FSDP2 workers"):
+    with pytest.raises(ConfigError, match=r"holds no weights: neither step_000005/model\.pt nor"):
         export_checkpoint(run_dir, 5)
+
+
+@pytest.mark.slow
+def test_an_fsdp2_checkpoint_exports_to_a_folder_transformers_loads(run_dir, tmp_path):
+    """Two gloo ranks train the run's model a step and save it as the trainer's workers do
+    (`save_sharded` under checkpoints/workers/, the driver's checkpoint without model.pt)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    worker = Path(__file__).resolve().parent / "_fsdp_worker.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    checkpoints = run_dir / "checkpoints"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={port}", str(worker), "checkpoint",
+           "--model-dir", str(run_dir / "model"), "--checkpoint", str(checkpoints / "workers"),
+           "--out", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    save_checkpoint(checkpoints, 1, model=None, optimizer=None, state={})  # as WorkerPolicy.save
+
+    out = export_checkpoint(run_dir, 1)
+    assert out == run_dir / "policy_step_000001"
+    trained = torch.load(tmp_path / "trained.pt", weights_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    base = load_file(run_dir / "model" / "model.safetensors")
+    assert set(base) <= set(loaded)
+    for name in base:
+        assert torch.equal(loaded[name], trained[name]), name
+    assert any(not torch.equal(base[n], trained[n]) for n in base)  # the step changed them
+    assert json.loads((out / "rstar2.json").read_text())["step"] == 1

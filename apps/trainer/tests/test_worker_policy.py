@@ -455,6 +455,7 @@ def _policy_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # three trainer processes (train, export, resume) on a 2-core box
 def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
@@ -483,6 +484,13 @@ def test_trainer_rl_steps_run_on_two_workers_and_resume(tmp_path, tiny_run):
     assert exported and all(torch.equal(v, final[k]) for k, v in exported.items())
     initial = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
     assert any(not torch.equal(v, initial.state_dict()[k]) for k, v in exported.items())
+    # --export writes a kept step from the workers' shards (the driver's checkpoint has no model).
+    code, out = _train(["--export", str(run_dir), "--step", "3", "--to", str(tmp_path / "p3")])
+    assert code == 0, out[-3000:]
+    from safetensors.torch import load_file
+
+    step3 = load_file(tmp_path / "p3" / "model.safetensors")
+    assert step3 and all(torch.equal(v, exported[k]) for k, v in step3.items())
 
     # --resume restores the workers from their checkpoint (the plan is finished: it exports).
     (run_dir / "policy" / "model.safetensors").unlink()

@@ -4,13 +4,15 @@
     rstar2-eval compare RUN_A RUN_B [--json PATH]
     rstar2-eval show RUN
     rstar2-eval benchmarks
+    rstar2-eval --help-config [SECTION]      (or `rstar2-eval run --help-config [SECTION]`)
 
 MODEL is a Hugging Face-format folder (run with vLLM, or transformers where vLLM is missing) or
 the URL of an OpenAI-compatible endpoint (then `model.tokenizer=FOLDER` is needed). BENCH is a
-registered name or a .jsonl file. Every field of `EvalConfig` can be set as key=value. A user
-mistake (an unknown benchmark, a dataset without the needed fields, an unreachable endpoint, a
-bad override) prints one line on stderr and exits 2; a run that could not finish every sample
-exits 1 and can be rerun to resume.
+registered name or a .jsonl file. Every field of `EvalConfig` can be set as key=value (a number
+indexes a list: `pass_k.0=2`); `--help-config` lists them with types, defaults and descriptions.
+A user mistake (an unknown benchmark, a dataset without the needed fields, an unreachable
+endpoint, a bad override) prints one line on stderr (each of several bad overrides a line of its
+own) and exits 2; a run that could not finish every sample exits 1 and can be rerun to resume.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any
 
 from rich.console import Console
 
+from rstar2_evaluator._keys import OverrideError, help_text
 from rstar2_evaluator.benchmarks import BENCHMARKS, BenchmarkError
 from rstar2_evaluator.compare import compare_runs, read_summary
-from rstar2_evaluator.config import ConfigError, load_config
+from rstar2_evaluator.config import ConfigError, EvalConfig, load_config
 from rstar2_evaluator.evaluate import EvalFailed, run_evaluation
 from rstar2_evaluator.model import ModelError
 from rstar2_evaluator.report import comparison_tables, summary_table
@@ -79,10 +82,32 @@ def _benchmarks(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+class HelpConfig(argparse.Action):
+    """`--help-config [SECTION]`: the schema's keys on stdout, exit 0; an unknown section is one
+    line on stderr, exit 2. Like --help, it acts as soon as it is parsed."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs="?", const="", metavar="SECTION")
+        kwargs.setdefault(
+            "help", "list every key=value setting (or SECTION's) with its type, default and "
+            "description, exit",
+        )  # fmt: skip
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        try:
+            text = help_text(EvalConfig, str(values or ""))
+        except OverrideError as error:
+            parser.exit(2, f"rstar2-eval: {error}\n")
+        sys.stdout.write(text)
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rstar2-eval", description="Benchmark evaluation of a model with the code tool."
     )
+    parser.add_argument("--help-config", action=HelpConfig)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="evaluate a model on a benchmark (resumable)")
     run.add_argument("model", help="a Hugging Face-format folder, or http(s)://host:port/v1")
@@ -92,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data", help="a local .jsonl copy of a named benchmark")
     run.add_argument("--out", help="run directory (default runs/eval/<bench>-<model>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--help-config", action=HelpConfig)
     run.set_defaults(handler=_run)
     compare = commands.add_parser("compare", help="two finished runs side by side")
     compare.add_argument("a")
@@ -120,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args, console)
     except USER_ERRORS as error:
-        print(f"rstar2-eval: {error}", file=sys.stderr)
+        for line in str(error).splitlines():  # one line per mistake
+            print(f"rstar2-eval: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rstar2-eval: interrupted; rerun the same command to resume", file=sys.stderr)

@@ -3,7 +3,8 @@
 The defaults are the paper's protocol (section 5.1): temperature 0.6, 16 samples per problem, up
 to 30 assistant turns, 30,720 response tokens (the repository's `max_response_length`). The
 configs in `configs/` are YAML files of this model; `load_config` reads one, applies `a.b=value`
-overrides from the command line and validates. Nothing here reads the environment.
+overrides from the command line (a number indexes a list: `pass_k.0=2`) and validates, naming
+every mistake on a line of its own. Nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from rstar2_evaluator._keys import OverrideError, error_lines, set_key
 from rstar2_rollout import EngineConfig, OpenAIEngineConfig
 from rstar2_sandbox import LocalSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
@@ -36,7 +38,8 @@ if not CONFIG_DIR.is_dir():  # editable install: the configs live beside src/
 
 
 class ConfigError(ValueError):
-    """A config or an override a person must fix; its message is one actionable line."""
+    """A config or an override a person must fix; its message is one actionable line per
+    mistake."""
 
 
 class _Frozen(BaseModel):
@@ -246,23 +249,6 @@ def configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted}: {part} is a value, not a section")
-        node = child
-    node[leaf] = value
-
-
-def _first_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function"))
-    return f"{where}: {first['msg']}" if where else first["msg"]
-
-
 def load_config(
     name: str | Path, base: dict[str, Any], overrides: list[str] | None = None
 ) -> EvalConfig:
@@ -278,8 +264,7 @@ def load_config(
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"{path} is not valid YAML: {error}") from None
-    for dotted, value in base.items():
-        _set(tree, dotted, value)
+    settings: list[tuple[str, Any]] = list(base.items())
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -288,8 +273,14 @@ def load_config(
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
-        _set(tree, key.strip(), value)
+        settings.append((key.strip(), value))
+    try:
+        for key, value in settings:
+            set_key(tree, key, value, EvalConfig)
+    except OverrideError as error:
+        raise ConfigError(str(error)) from None
     try:
         return EvalConfig.model_validate(tree)
     except ValidationError as error:
-        raise ConfigError(f"invalid config: {_first_error(error)}") from None
+        lines = [f"invalid config: {line}" for line in error_lines(error, EvalConfig)]
+    raise ConfigError("\n".join(lines))

@@ -1,12 +1,16 @@
-"""`rstar2-train [RECIPE] [a.b=value ...]`, `rstar2-train --resume RUN_DIR`, and
-`rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder).
+"""`rstar2-train [RECIPE] [a.b=value ...]`, `rstar2-train --resume RUN_DIR`,
+`rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder),
+`rstar2-train --help-config [SECTION]` (every config key with its type, default and description),
+and `rstar2-train [RECIPE] [a.b=value ...] --init-from RUN_DIR[:STEP] [--init-include WHAT]`
+(a new run from another run's checkpoint, rundir/origin.py). Overrides may come before or after
+options.
 
 A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run, data
-that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr and
-exit code 2, never a traceback; the data is read before the run directory is made, so a
-mistake leaves nothing behind. A service that fails (a port in use, a
-server that dies, a Ray cluster without room for the run) is one line and
-exit code 1; the run can then be resumed.
+that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr (each
+of several wrong keys or values a line of its own) and exit code 2, never a traceback; the data
+is read before the run directory is made, so a mistake leaves nothing behind. A service that
+fails (a port in use, a server that dies, a Ray cluster without room for the run) is one line
+and exit code 1; the run can then be resumed.
 """
 
 from __future__ import annotations
@@ -18,9 +22,17 @@ from pathlib import Path
 import yaml
 
 from rstar2_curriculum import DataError
-from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
+from rstar2_trainer._keys import OverrideError, help_text
+from rstar2_trainer.config import (
+    ConfigError,
+    TrainerConfig,
+    load_config,
+    recipes,
+    validate_config,
+)
 from rstar2_trainer.placement.servers import ServerError
 from rstar2_trainer.rundir import new_run_dir, write_config
+from rstar2_trainer.rundir.origin import parse_init_from, resolve_origin
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +57,40 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--to", metavar="OUT", help="with --export: where (default: RUN_DIR/policy_step_N)"
     )
+    parser.add_argument(
+        "--init-from",
+        metavar="RUN_DIR[:STEP]",
+        help="a new run (this recipe and overrides) from RUN_DIR's checkpoint STEP (default: "
+        "the latest) instead of SFT",
+    )
+    parser.add_argument(
+        "--init-include",
+        metavar="WHAT",
+        help="with --init-from: also take optimizer, curriculum, or optimizer,curriculum",
+    )
+    parser.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        metavar="SECTION",
+        action=HelpConfig,
+        help="list every config key (or SECTION's: optim, engine, ...) with its type, default "
+        "and description, exit",
+    )
     return parser
+
+
+class HelpConfig(argparse.Action):
+    """`--help-config [SECTION]`: the schema's keys on stdout, exit 0; an unknown section is one
+    line on stderr, exit 2. Like --help, it acts as soon as it is parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        try:
+            text = help_text(TrainerConfig, str(values or ""))
+        except OverrideError as exc:
+            parser.exit(2, f"rstar2-train: {exc}\n")
+        sys.stdout.write(text)
+        parser.exit(0)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -69,12 +114,13 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
             raise ConfigError(f"{run_dir} is not a run directory (no config.yaml in it)")
         if args.overrides or args.recipe != "tiny":
             raise ConfigError("--resume continues a run as it was configured; drop the recipe")
-        config = TrainerConfig.model_validate(yaml.safe_load(saved.read_text()))
+        if args.init_from:
+            raise ConfigError(
+                "--init-from starts a new run and --resume continues one; use one of them"
+            )
+        config = validate_config(yaml.safe_load(saved.read_text()), str(saved))
         return config, run_dir, True
-    recipe, overrides = args.recipe, list(args.overrides)
-    if "=" in recipe:  # `rstar2-train a.b=1` means the default recipe with an override
-        recipe, overrides = "tiny", [recipe, *overrides]
-    config = load_config(recipe, overrides)
+    config = load_config(*_split(args))
     run_dir = config.run.output_dir
     if run_dir is not None and (run_dir / "checkpoints" / "latest").exists():
         raise ConfigError(
@@ -85,12 +131,20 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # overrides may follow options
     try:
         if (args.step is not None or args.to) and not args.export:
             raise ConfigError("--step and --to go with --export RUN_DIR")
+        if args.init_include and not args.init_from:
+            raise ConfigError("--init-include goes with --init-from RUN_DIR[:STEP]")
         if args.export:
-            if args.resume or args.dry_run or args.overrides or args.recipe != "tiny":
+            if (
+                args.resume
+                or args.dry_run
+                or args.overrides
+                or args.recipe != "tiny"
+                or args.init_from
+            ):
                 raise ConfigError("--export takes only a run directory (and --step, --to)")
             return _export(args)
         if args.dry_run:
@@ -105,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         check_local_engines(config)
         check_trackers(config.run)
         data = load_run_data(config, resume=resume)
+        if config.init is not None and not resume:
+            config = resolve_origin(config, data)
     except (ConfigError, DataError) as exc:
-        print(f"rstar2-train: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():  # one line per mistake
+            print(f"rstar2-train: {line}", file=sys.stderr)
         return 2
     if where is None:
         run_dir = new_run_dir(config.run.runs_root, config.run.name)
@@ -134,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _split(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The recipe and the overrides, `--init-from` among them (`init.*`)."""
     recipe, overrides = args.recipe, list(args.overrides)
-    if "=" in recipe:
+    if "=" in recipe:  # `rstar2-train a.b=1` means the default recipe with an override
         recipe, overrides = "tiny", [recipe, *overrides]
+    if args.init_from:
+        overrides += parse_init_from(args.init_from, args.init_include)
     return recipe, overrides
 
 

@@ -26,6 +26,7 @@ from rstar2_algos import AlgoConfig, GrpoRocConfig
 from rstar2_curriculum import CurriculumConfig, SFTSources
 from rstar2_rollout import EngineConfig, RolloutConfig, SchedulerConfig, VLLMEngineConfig
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
+from rstar2_trainer._keys import OverrideError, error_lines, set_key
 from rstar2_verify import RewardConfig, VerifyConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -34,7 +35,8 @@ if not CONFIG_DIR.is_dir():  # editable install: the recipes live beside src/
 
 
 class ConfigError(ValueError):
-    """A recipe or an override a person must fix; its message is one actionable line."""
+    """A recipe or an override a person must fix; its message is one actionable line per
+    mistake."""
 
 
 class _Section(BaseModel):
@@ -300,7 +302,7 @@ class ClusterConfig(BaseModel):
     """Where the run's parts are placed on a Ray cluster."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["ray"] = "ray"
+    kind: Literal["ray"] = Field(default="ray", description="The cluster kind (only Ray).")
     address: str | None = Field(
         default=None, description="Ray address ('auto', 'host:6379'); None: start a local cluster."
     )
@@ -380,6 +382,22 @@ class RemoteRolloutConfig(_Section):
     )
 
 
+class InitConfig(_Section):
+    """A new run that starts from another run's checkpoint instead of SFT (`--init-from`)."""
+
+    run: Path = Field(description="The run directory whose checkpoint the policy starts from.")
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The checkpoint's RL step; None: the latest (the new run records the step).",
+    )
+    include: list[Literal["optimizer", "curriculum"]] = Field(
+        default_factory=list,
+        description="Also take the checkpoint's optimizer state (AdamW moments) and/or its "
+        "curriculum state (stage, data position, difficulty); the weights always.",
+    )
+
+
 class TrainerConfig(_Section):
     """Everything `rstar2-train` needs, one section per package or phase."""
 
@@ -433,6 +451,11 @@ class TrainerConfig(_Section):
     remote: RemoteRolloutConfig | None = Field(
         default=None,
         description="Roll out on remote workers instead of local engines; None: local engines.",
+    )
+    init: InitConfig | None = Field(
+        default=None,
+        description="Start from another run's checkpoint, skipping SFT (`--init-from "
+        "RUN_DIR[:STEP]`); None: a fresh model.",
     )
 
     @model_validator(mode="after")
@@ -550,19 +573,26 @@ def recipes() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted}: {part} is a value, not a section")
-        node = child
-    node[leaf] = value
+def validate_config(tree: dict[str, Any], source: str) -> TrainerConfig:
+    """`tree` as a `TrainerConfig`; ConfigError listing every mistake, one line each."""
+    try:
+        return TrainerConfig.model_validate(tree)
+    except ValidationError as exc:
+        lines = error_lines(exc, TrainerConfig)
+    renamed = "engine.replicas: unknown key"
+    lines = [
+        "engine.replicas is now engine_replicas (a top-level key)" if line.startswith(renamed)
+        else line
+        for line in lines
+    ]  # fmt: skip
+    if len(lines) > 1:
+        lines.insert(0, f"{len(lines)} mistakes in {source}:")
+    raise ConfigError("\n".join(lines))
 
 
 def load_config(recipe: str | Path = "tiny", overrides: list[str] | None = None) -> TrainerConfig:
-    """Read a recipe (a name in configs/ or a path), apply `a.b=value` overrides, validate."""
+    """Read a recipe (a name in configs/ or a path), apply `a.b=value` overrides (a number indexes
+    a list: `curriculum.tiny.steps.1=5`; see `_keys.set_key`), validate."""
     path = Path(recipe)
     if not path.suffix:
         path = CONFIG_DIR / f"{recipe}.yaml"
@@ -576,22 +606,8 @@ def load_config(recipe: str | Path = "tiny", overrides: list[str] | None = None)
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form a.b=value")
-        _set(tree, key, yaml.safe_load(raw))
-    try:
-        return TrainerConfig.model_validate(tree)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        if not err["loc"]:  # a check across sections: its message says what to set
-            raise ConfigError(str(err["msg"]).removeprefix("Value error, ")) from None
-        loc, kind = err["loc"], ""
-        if loc[0] == "engine" and len(loc) > 2:  # drop the union's tag: engine.vllm.x -> engine.x
-            tag, loc = loc[1], (loc[0], *loc[2:])
-            kind = f" for engine.kind {tag}"
-            if err["type"] == "extra_forbidden":  # most often a kind switched by an override
-                kind += f" (to switch kinds, replace the section: 'engine={{kind: {tag}}}')"
-        where = ".".join(str(p) for p in loc)
-        if where == "engine.replicas":
-            raise ConfigError("engine.replicas is now engine_replicas (a top-level key)") from None
-        if err["type"] == "extra_forbidden":
-            raise ConfigError(f"unknown key {where!r}{kind} in {path.name}") from None
-        raise ConfigError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
+        try:
+            set_key(tree, key, yaml.safe_load(raw), TrainerConfig)
+        except OverrideError as exc:
+            raise ConfigError(str(exc)) from None
+    return validate_config(tree, path.name)

@@ -76,7 +76,8 @@ def load_benchmark_file(path: str, seed: int) -> list[Problem]:
 def load_run_data(config: TrainerConfig, *, resume: bool = False) -> RunData:
     """Read and check every data source of the run (module docstring); DataError on a problem.
 
-    On resume the SFT data is not read again (SFT is over)."""
+    On resume the SFT data is not read again (SFT is over), nor for a run that starts from
+    another run's checkpoint (`init`: no SFT)."""
     seed = config.run.seed
     names = [benchmark_name(p) for p in config.eval.sources]
     if len(set(names)) != len(names):
@@ -88,7 +89,7 @@ def load_run_data(config: TrainerConfig, *, resume: bool = False) -> RunData:
     against = [p for problems in benchmarks.values() for p in problems]
     prepared = prepare(config.curriculum, seed=seed, eval_problems=against)
     data = RunData(prepared, benchmarks=benchmarks)
-    if not config.sft.enabled or resume:
+    if not config.sft.enabled or resume or config.init is not None:
         return data
     if config.sft.source:
         loaded = load_sft(config.sft.source, seed=seed)

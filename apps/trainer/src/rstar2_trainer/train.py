@@ -15,6 +15,10 @@ driver's weights before RL. Trajectories come from `parts.source` (local engines
 workers) through one `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
+A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
+instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
+evaluated as `init`, checkpoint 0, then RL.
+
 Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
 checkpoint and the trackers drop or hold back what was logged after it (tracking.py), so no step
 is lost or repeated. Every random choice
@@ -47,6 +51,8 @@ from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
 from rstar2_trainer.rundir import report
 from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_policy
+from rstar2_trainer.rundir.export import load_weights
+from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
 from rstar2_trainer.training.policy import Policy, open_policy
@@ -126,6 +132,7 @@ async def _train(
     ckpt = load_latest(run_dir / "checkpoints") if resume else None
     traces = data.sft if ckpt is None else []
 
+    copy_model_dir(config, run_dir)  # --init-from: the origin's tiny model and tokenizer
     corpus = tokenizer_corpus(problems, traces, config.rollout.system_prompt)
     opener = open_parts if config.cluster is None else open_cluster_parts
     precision = Precision.from_settings(config.train.device, config.train.dtype)
@@ -191,6 +198,9 @@ async def run_eval(run: Run, when: str) -> None:
 async def start(run: Run, traces: list) -> None:
     """A new run: (evaluate,) SFT, evaluate, hand the weights to the policy, checkpoint 0."""
     config, parts = run.config, run.parts
+    if config.init is not None:
+        await start_from_origin(run)
+        return
     await _sync_driver(run)
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
@@ -200,6 +210,26 @@ async def start(run: Run, traces: list) -> None:
         await _sync_driver(run)
     await run_eval(run, "after_sft")
     await run.policy.load_from(parts.model)
+    await save(run)
+
+
+async def start_from_origin(run: Run) -> None:
+    """A run with `init` (rundir/origin.py): no SFT; the origin checkpoint's weights (and
+    optimizer and curriculum state when included) into the policy, evaluated, checkpoint 0."""
+    config, parts = run.config, run.parts
+    init = config.init
+    assert init is not None
+    origin = origin_checkpoint(config)
+    load_weights(origin.path, parts.model)
+    await run.policy.load_from(parts.model)
+    if "optimizer" in init.include:
+        await run.policy.restore(origin)  # the same weights, and the optimizer state
+    if "curriculum" in init.include:
+        run.curriculum.load_state_dict(origin.state["curriculum"])
+    await _sync_driver(run)
+    taken = ", ".join(["weights", *init.include])
+    report.console.print(f"initialised from {init.run} step {init.step} ({taken}); no SFT")
+    await run_eval(run, "init")
     await save(run)
 
 

@@ -3,9 +3,12 @@
 A run writes its final weights to `RUN_DIR/policy`; this writes the weights of any kept
 checkpoint (`run.keep_checkpoints`) the same way, so `rstar2-eval run` can compare, say, the
 policy after SFT (step 0) with the one after RL on the run's own held-out problems
-(`RUN_DIR/heldout.jsonl`). Nothing is trained or started: the checkpoint's `model.pt` is loaded
-into the run's model folder (the tiny model as built, or the pretrained path) and saved with its
-tokenizer and `rstar2.json`.
+(`RUN_DIR/heldout.jsonl`). Nothing is trained or started: the checkpoint's weights are loaded
+into the run's model folder (the tiny model as built, or the pretrained path) and saved as
+safetensors with its tokenizer and `rstar2.json`. The weights are the driver's `model.pt`, or,
+for a run that trained on FSDP2 workers (`cluster.train_workers`), the workers' DCP shards in
+`checkpoints/workers/step_N/`, gathered in this process with no process group
+(`sharded_checkpoint.load_sharded`; the whole model must fit in this machine's memory).
 """
 
 from __future__ import annotations
@@ -13,20 +16,36 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 import yaml
 
-from rstar2_trainer.config import ConfigError, PretrainedModelConfig, TrainerConfig
+from rstar2_trainer.config import (
+    ConfigError,
+    PretrainedModelConfig,
+    TrainerConfig,
+    validate_config,
+)
+from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
+from rstar2_trainer.training.worker_policy import WORKERS_DIR
 
 
-def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None) -> Path:
-    """Write checkpoint `step` (default: the latest) of `run_dir` as a Hugging Face folder.
-
-    Raises ConfigError, with a message that says what to do, for anything the user can fix.
-    """
+def read_run(run_dir: Path) -> TrainerConfig:
+    """The config a run directory was written with; ConfigError when it is not a run's."""
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml in it)")
-    config = TrainerConfig.model_validate(yaml.safe_load(saved.read_text()))
+    return validate_config(yaml.safe_load(saved.read_text()), str(saved))
+
+
+def kept_steps(run_dir: Path) -> list[int]:
+    return sorted(
+        int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*")
+    )
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> tuple[Path, int]:
+    """The folder and step of checkpoint `step` (None: the latest) of `run_dir`; ConfigError,
+    listing the kept steps, when there is none."""
     checkpoints = run_dir / "checkpoints"
     if step is None:
         pointer = checkpoints / "latest"
@@ -37,35 +56,62 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     else:
         path = checkpoints / f"step_{step:06d}"
     if not path.is_dir():
-        kept = sorted(int(p.name.removeprefix("step_")) for p in checkpoints.glob("step_*"))
         raise ConfigError(
-            f"{run_dir} keeps no checkpoint of step {step} (kept: {kept or 'none'}; "
+            f"{run_dir} keeps no checkpoint of step {step} (kept: {kept_steps(run_dir) or 'none'}; "
             "run.keep_checkpoints sets how many are kept)"
         )
-    weights = path / "model.pt"
-    if not weights.is_file():
-        raise ConfigError(
-            f"checkpoint {path.name} holds no driver weights: the run trained on FSDP2 workers "
-            f"(their shards are in checkpoints/workers/{path.name})"
-        )
+    return path, step
+
+
+def model_dir_of(run_dir: Path, config: TrainerConfig) -> Path:
+    """The run's model folder (architecture and tokenizer): the tiny model as built, or the
+    pretrained path."""
     if isinstance(config.model, PretrainedModelConfig):
         model_dir = Path(config.model.path)
     else:
         model_dir = run_dir / "model"
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"the run's model folder {model_dir} is missing")
+    return model_dir
 
+
+def check_weights(path: Path) -> None:
+    """ConfigError unless checkpoint `path` holds weights (the driver's or the workers')."""
+    shards = path.parent / WORKERS_DIR / path.name
+    if not (path / "model.pt").is_file() and not (shards / ".metadata").is_file():
+        raise ConfigError(
+            f"checkpoint {path.name} holds no weights: neither {path.name}/model.pt nor the "
+            f"training workers' shards in checkpoints/{WORKERS_DIR}/{path.name}"
+        )
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    """Checkpoint `path`'s weights into `model` (unsharded, in this process)."""
+    weights = path / "model.pt"
+    if weights.is_file():
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    else:
+        load_sharded(path.parent / WORKERS_DIR / path.name, model=model, optimizer=None)
+
+
+def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None) -> Path:
+    """Write checkpoint `step` (default: the latest) of `run_dir` as a Hugging Face folder.
+
+    Raises ConfigError, with a message that says what to do, for anything the user can fix.
+    """
+    config = read_run(run_dir)
+    path, step = find_checkpoint(run_dir, step)
+    check_weights(path)
+    model_dir = model_dir_of(run_dir, config)
     out = out if out is not None else run_dir / f"policy_step_{step:06d}"
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         raise ConfigError(f"cannot write {out}: {out.parent} is not a writable folder")
-
-    import torch
 
     from rstar2_trainer.placement.local import load_policy
     from rstar2_trainer.rundir.checkpoint import save_policy
 
     model, tokenizer = load_policy(model_dir)
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    load_weights(path, model)
     style = config.rollout.system_prompt
     try:
         return save_policy(model, tokenizer, out, system_prompt=style, step=step)
