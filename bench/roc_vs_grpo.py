@@ -4,8 +4,8 @@
         [--work runs/roc_vs_grpo] [--json bench/results/roc_vs_grpo.json]
 
 1. SFT once: `rstar2-train RECIPE` (default `tiny-noisy-tools`, whose SFT policy fails and
-   recovers on a share of its tool calls), keeping checkpoint 0, the policy right after SFT, and
-   exporting it (`--export --step 0`). Every arm and seed starts RL from that one policy, so a
+   recovers on a share of its tool calls) until it writes checkpoint 0, the policy right after
+   SFT (then stopped), exported as a policy folder (`--export --step 0`). Every arm and seed starts RL from that one policy, so a
    seed varies RL only (rollout sampling, batches, resampling), not SFT.
 2. RL, per arm and seed: `rstar2-train RECIPE model={kind: pretrained, path: SFT_POLICY}
    sft.enabled=false run.seed=S` plus the arm's overrides. Both arms sample the same 2G rollouts
@@ -37,6 +37,7 @@ import math
 import shlex
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -186,18 +187,29 @@ def run_logged(cmd: list[str], log: Path) -> int:
 
 
 def sft_policy(recipe: str, overrides: list[str], work: Path) -> Path:
-    """The recipe's SFT policy (checkpoint 0) as a policy folder; made once."""
+    """The recipe's SFT policy (checkpoint 0) as a policy folder; made once.
+
+    The recipe runs until its checkpoint 0 (the policy after SFT, with its evaluation) is
+    written and is then stopped: its RL steps would be one more GRPO-RoC run."""
     run_dir, policy = work / "sft", work / "sft_policy"
     if (policy / "config.json").is_file():
         return policy
-    if not (run_dir / "checkpoints" / "step_000000").is_dir():
+    if not (run_dir / "checkpoints" / "latest").is_file():
         if (run_dir / "config.yaml").is_file():
             cmd = trainer("--resume", str(run_dir))
         else:
             cmd = trainer(
                 recipe, *overrides, f"run.output_dir={run_dir}", "run.keep_checkpoints=1000"
             )
-        if run_logged(cmd, work / "sft.log") != 0:
+        print("running", shlex.join(cmd[2:]), "(until checkpoint 0)", flush=True)
+        work.mkdir(parents=True, exist_ok=True)
+        with (work / "sft.log").open("w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            while proc.poll() is None and not (run_dir / "checkpoints" / "latest").is_file():
+                time.sleep(2)
+            proc.terminate()  # the trainer stops its servers on SIGTERM
+            proc.wait()
+        if not (run_dir / "checkpoints" / "latest").is_file():
             raise SystemExit(f"SFT run failed: {work / 'sft.log'}")
     cmd = trainer("--export", str(run_dir), "--step", "0", "--to", str(policy))
     if run_logged(cmd, work / "export.log") != 0:
