@@ -105,13 +105,26 @@ def run_record(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         if r.get("phase") == "rl"
     ]
     last = steps[-1] if steps else {}
+    half = len(rl_steps) // 2
     return {
         "seed": seed,
         "steps": steps,
         "final_accuracy": last.get("accuracy"),
         "final_tool_error_ratio_pos": last.get("tool_error_ratio_pos"),
+        # The training rollouts: positives offered to the resampler and those kept, over all
+        # RL steps, and the offered ones over the second half of training.
+        "rl_tool_error_ratio_pos_mean": _mean(s["tool_error_ratio_pos"] for s in rl_steps),
+        "rl_kept_tool_error_ratio_pos_mean": _mean(
+            s["kept_tool_error_ratio_pos"] for s in rl_steps
+        ),
+        "rl_tool_error_ratio_pos_late": _mean(s["tool_error_ratio_pos"] for s in rl_steps[half:]),
         "rl_steps": rl_steps,
     }
+
+
+def _mean(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
 
 
 def _fmt(ci: tuple[float, float, float] | None) -> str:
@@ -293,6 +306,16 @@ def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
                     f"{s['step']:>4} {s['accuracy']:>5.3f} {'-' if err is None else f'{err:.3f}':>5}"
                 )
             print(f"{arm:<10}{r['seed']:>5}  " + "  ".join(cells))
+    print("training rollouts, tool-error ratio in positives (mean over RL steps):")
+    for arm, runs in arms.items():
+        for key in (
+            "rl_tool_error_ratio_pos_mean",
+            "rl_kept_tool_error_ratio_pos_mean",
+            "rl_tool_error_ratio_pos_late",
+        ):
+            print(
+                f"  {arm:<10}{key:<36}{_fmt(interval([r[key] for r in runs if r[key] is not None]))}"
+            )
 
 
 def _band(series: list[list[float | None]]) -> tuple[list[float], list[float], list[float]]:

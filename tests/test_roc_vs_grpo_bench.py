@@ -50,6 +50,7 @@ def test_run_record_follows_the_contract():
     assert [s["step"] for s in run["rl_steps"]] == [1, 2]
     assert run["rl_steps"][1]["tool_error_ratio_pos"] is None
     assert run["rl_steps"][0]["response_len_mean"] == 100.0
+    assert run["rl_tool_error_ratio_pos_mean"] == 0.2  # the step without positives is skipped
 
 
 def test_interval_is_a_students_t_interval():
