@@ -11,7 +11,7 @@
    sft.enabled=false run.seed=S` plus the arm's overrides. Both arms sample the same 2G rollouts
    per problem, reject equal-reward groups, keep G per group with the same counts (floor(n_neg/2)
    negatives uniformly, the rest positives) and train with the same loss; they differ only in how
-   the positives are chosen:
+   the positives are chosen (evaluated on the SFT run's held-out problems, `held_out_of_sft`):
    - `grpo`: uniformly (RoC's rule with both penalties off: every weight equal);
    - `grpo_roc`: with probability proportional to 1 / (p_err + p_format + eps) (the paper's RoC).
    `--jobs` runs go at once (each trainer on one torch thread); a finished run (its `policy/`
@@ -41,6 +41,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ARMS = {
     "grpo": [
@@ -87,7 +89,7 @@ def interval(values: list[float]) -> tuple[float, float, float] | None:
 
 def run_record(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     """One run's RUN entry from its metrics.jsonl records."""
-    evals = [r for r in records if r.get("phase") == "eval"]
+    evals = [r for r in records if r.get("phase") in ("eval", "benchmark")]
     steps = [
         {
             "step": r["step"],
@@ -230,6 +232,24 @@ def sft_policy(recipe: str, overrides: list[str], work: Path) -> Path:
     return policy
 
 
+def held_out_of_sft(work: Path) -> list[str]:
+    """Overrides that evaluate on the SFT run's held-out problems, with its protocol.
+
+    A run without SFT holds out only what its own RL data lacks, so its synthetic held-out set
+    would share questions with the SFT traces (36 of 128 did); the SFT run's set excludes both.
+    As a benchmark file it is also kept out of each run's RL problems."""
+    sft = work / "sft"
+    e = yaml.safe_load((sft / "config.yaml").read_text())["eval"]
+    return [
+        "eval.synthetic=false",
+        f"eval.sources=[{(sft / 'heldout.jsonl').resolve()}]",
+        f"eval.benchmark.samples={e['samples']}",
+        f"eval.benchmark.temperature={e['temperature']}",
+        f"eval.benchmark.max_turns={e['max_turns']}",
+        f"eval.benchmark.max_response_tokens={e['max_response_tokens']}",
+    ]
+
+
 def rl_run(recipe: str, overrides: list[str], policy: Path, arm: str, seed: int, work: Path) -> int:
     """One arm and seed from the SFT policy; skipped when finished, resumed when started."""
     run_dir = work / f"{arm}-s{seed}"
@@ -247,6 +267,7 @@ def rl_run(recipe: str, overrides: list[str], policy: Path, arm: str, seed: int,
             "run.threads=1",
             f"run.name={arm}-s{seed}",
             f"run.output_dir={run_dir}",
+            *held_out_of_sft(work),
             *ARMS[arm],
         )
     return run_logged(cmd, work / f"{arm}-s{seed}.log")
