@@ -35,3 +35,13 @@ def test_no_tool_calls_means_no_error_ratio():
     assert stats["tool_use_share"] == 0.0
     assert stats["tool_error_ratio_pos"] is None
     assert trajectory_stats([]) == {"trajectories": 0}
+
+
+def test_format_penalty_of_positives_is_rocs_p_format():
+    once, twice, none = _traj(1.0, ok=1), _traj(1.0, ok=1), _traj(1.0)
+    once.answer_blocks, once.turns = 1, 2  # one answer: 0
+    twice.answer_blocks, twice.turns = 2, 2  # one extra answer over 2 turns: 0.5
+    none.answer_blocks, none.turns = 0, 1  # no answer: 1
+    stats = trajectory_stats([once, twice, none, _traj(0.0)])
+    assert stats["format_penalty_pos"] == pytest.approx(0.5)
+    assert trajectory_stats([_traj(0.0)])["format_penalty_pos"] is None

@@ -137,3 +137,15 @@ def test_examples_validate_as_sft_examples(traced):
     _, examples = traced
     for e in examples:
         assert SFTExample.model_validate_json(e.model_dump_json()) == e
+
+
+def test_failure_rate_sets_the_share_of_traces_that_fail_first_and_recover():
+    problems = generate_problems(40, seed=5)
+
+    def failing(rate: float) -> int:
+        traces = sft_traces(problems, seed=3, failure_rate=rate)
+        return sum(1 for ex in traces if len(ex.messages) == 6)  # call, error, fixed call
+
+    assert failing(0.0) == 0
+    assert failing(1.0) == len(problems)
+    assert 0.3 * len(problems) < failing(0.6) < 0.9 * len(problems)

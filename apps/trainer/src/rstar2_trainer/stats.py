@@ -3,6 +3,7 @@
 Tool-error ratios pool the calls: failed calls / all calls over the trajectories of one sign
 (the paper's Fig. 4 measure, "tool calls with errors in positively rewarded trajectories"). A
 failure is a structured outcome (error, timeout, parse_error), never a word in the output.
+The format penalty is RoC's p_format (rstar2_algos.penalty), averaged over trajectories.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
+
+from rstar2_algos.penalty import format_penalty
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_verify import is_correct
 
@@ -22,6 +26,15 @@ def tool_error_ratio(trajectories: Sequence[Trajectory]) -> float | None:
         return None
     failed = sum(t.tool_outcome_counts.get(k, 0) for t in trajectories for k in FAILED)
     return failed / calls
+
+
+def mean_format_penalty(trajectories: Sequence[Trajectory]) -> float | None:
+    """RoC's p_format (extra <answer> blocks per turn; 1 without any), averaged."""
+    if not trajectories:
+        return None
+    blocks = np.array([t.answer_blocks for t in trajectories])  # [N]
+    turns = np.array([t.turns for t in trajectories])  # [N]
+    return float(format_penalty(blocks, turns).mean())
 
 
 def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
@@ -45,6 +58,7 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float | No
         "tool_error_ratio": tool_error_ratio(trajectories),
         "tool_error_ratio_pos": tool_error_ratio(positives),
         "tool_error_ratio_neg": tool_error_ratio(negatives),
+        "format_penalty_pos": mean_format_penalty(positives),
         "turns_mean": sum(t.turns for t in trajectories) / n,
     }
     for reason in ("answered", "no_tool_call", "max_turns", "max_length", "error"):
