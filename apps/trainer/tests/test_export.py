@@ -118,3 +118,17 @@ def test_an_fsdp2_checkpoint_exports_to_a_folder_transformers_loads(run_dir, tmp
         assert torch.equal(loaded[name], trained[name]), name
     assert any(not torch.equal(base[n], trained[n]) for n in base)  # the step changed them
     assert json.loads((out / "rstar2.json").read_text())["step"] == 1
+
+    # A new run from that FSDP2 step (`--init-from RUN_DIR:1`) starts from the trained weights:
+    # the trainer resolves the origin and loads its weights exactly so.
+    from rstar2_trainer.rundir.export import load_weights
+    from rstar2_trainer.rundir.origin import origin_checkpoint
+
+    new = load_config("tiny", [*MODEL, f"init.run={run_dir}", "init.step=1"])
+    origin = origin_checkpoint(new)
+    assert origin.model is None  # the workers hold the weights: DCP shards, no model.pt
+    fresh = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
+    load_weights(origin.path, fresh)
+    started = fresh.state_dict()
+    for name in base:
+        assert torch.equal(started[name], trained[name]), name
