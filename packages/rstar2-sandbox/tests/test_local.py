@@ -285,3 +285,38 @@ except OSError:
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_every_call_gets_its_own_output_when_calls_end_together(runner):
+    """Many short calls ending at once on one worker: a call's exit (from the zygote) and a
+    pipe's readiness land in one select batch, and a pipe number freed by one call is reused by
+    the next. Each call must answer ok with exactly its own output. (A stale event once read a
+    closed or reused descriptor, `internal error: OSError(9, 'Bad file descriptor')`, seen in
+    training under load 12+; this test did not reproduce that interleaving here, so it guards
+    the outputs, not the fix itself.)"""
+    import subprocess
+    import sys
+
+    config = SandboxConfig(workers=1, max_in_flight=32, max_sessions=1, warmup_code="")
+    sb = LocalSandbox(config)
+    runner.run(sb.start())
+    # A loaded host (as under a trainer): the worker is descheduled between readiness events.
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        for round_ in range(3):
+            batch = [
+                ExecutionRequest(code=f"print('{round_}-{i}' * 50)", timeout_s=5.0)
+                for i in range(96)
+            ]
+            results = runner.run(sb.execute_many(batch))
+            bad = [
+                (i, r.status, r.message)
+                for i, r in enumerate(results)
+                if r.status != S.OK or r.stdout != f"{round_}-{i}" * 50 + "\n"
+            ]
+            assert not bad, bad[:5]
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        runner.run(sb.close())

@@ -523,6 +523,11 @@ class Worker:
         self.selector.register(self.zygote, selectors.EVENT_READ, ("zygote",))
         while self.running:
             for key, _ in self.selector.select(self._tick()):
+                if self.selector.get_map().get(key.fd) is not key:
+                    # Stale: an earlier event of this batch closed the descriptor (a call's
+                    # exit reads and closes its pipes), and its number may already belong to
+                    # another call's pipe; reading it would fail or take that call's output.
+                    continue
                 try:
                     self._dispatch(key.data[0], key.data, key.fd)
                 except Exception as exc:
