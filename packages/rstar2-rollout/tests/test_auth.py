@@ -213,7 +213,7 @@ def test_a_served_worker_keeps_its_token_private_and_its_weights_on_oversize(
     before, refused, grown, after, denied = asyncio.run(main())
     assert refused[0] == "RESOURCE_EXHAUSTED"
     # holding the stream would grow the worker by at least `oversize`; dropping it costs a few
-    # pieces in flight and allocator slack (60 MB of 215 MB measured on a loaded 2-core machine)
-    assert grown < oversize // 2
+    # pieces in flight and allocator slack (60 MB and 119 MB of 215 MB measured on 2 cores)
+    assert grown < oversize * 3 // 4
     assert before and after == before  # the old weights still answer, unchanged
     assert denied == ("UNAUTHENTICATED", DENIED)
