@@ -286,9 +286,7 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypat
     # Step 3 was held back; what of steps 1-2 reached the file before the kill is wandb's own
     # durability (its service buffers), so the first part is a prefix of them.
     assert before == [1, 2][: len(before)] and after == [3, 4]
-    # The config record of the killed part may be lost with wandb's buffers, as its history.
-    configs = [wandb_config(part) for part in (first, second)]
-    assert any(c.get("run", {}).get("checkpoint_every") == 2 for c in configs)  # type: ignore[union-attr]
+    assert wandb_config(first)["run"]["checkpoint_every"] == 2  # type: ignore[index]
 
     assert read_state(run_dir)["mlflow"]["run_id"] == run_id
     history = client.get_metric_history(run_id, "rl/reward")
