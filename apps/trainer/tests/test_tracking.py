@@ -286,7 +286,9 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypat
     # Step 3 was held back; what of steps 1-2 reached the file before the kill is wandb's own
     # durability (its service buffers), so the first part is a prefix of them.
     assert before == [1, 2][: len(before)] and after == [3, 4]
-    assert wandb_config(first)["run"]["checkpoint_every"] == 2  # type: ignore[index]
+    # The killed part's config record may die in wandb's buffers, as its history may; the
+    # resumed part logs the config again.
+    assert wandb_config(second)["run"]["checkpoint_every"] == 2  # type: ignore[index]
 
     assert read_state(run_dir)["mlflow"]["run_id"] == run_id
     history = client.get_metric_history(run_id, "rl/reward")

@@ -190,16 +190,24 @@ class WandbTracker:
         self._id = state["id"] if state else secrets.token_hex(4)
         self._step = state["step"] if state else 0
         self._save()
-        self.run = wandb.init(
-            project=settings.project,
-            entity=settings.entity,
-            name=run_dir.name,
-            id=self._id,
-            resume="allow" if state else None,
-            dir=str(run_dir),
-            mode=settings.mode,
-            settings=wandb.Settings(silent=True, console="off"),
-        )
+        for attempt in range(10):
+            try:
+                self.run = wandb.init(
+                    project=settings.project,
+                    entity=settings.entity,
+                    name=run_dir.name,
+                    id=self._id,
+                    resume="allow" if state else None,
+                    dir=str(run_dir),
+                    mode=settings.mode,
+                    settings=wandb.Settings(silent=True, console="off"),
+                )
+                break
+            except Exception as exc:
+                # A killed run's wandb service can hold the id for a moment after the kill.
+                if not state or "is in use" not in str(exc) or attempt == 9:
+                    raise
+                time.sleep(1.0)
         self._phases: set[str] = set()
 
     def _save(self) -> None:
@@ -364,8 +372,10 @@ def open_trackers(
                 trackers.append(WandbTracker(run_dir, run.wandb, resume))
             else:
                 trackers.append(MlflowTracker(run_dir, run.mlflow, resume))
-        if resume is None:
-            for tracker in trackers:
+        for tracker in trackers:
+            # A resumed wandb run gets the config again: the killed part's config record may
+            # have died in wandb's service buffers (updating it with the same values is a no-op).
+            if resume is None or isinstance(tracker, WandbTracker):
                 tracker.log_config(config)
     except BaseException:
         for tracker in trackers:
