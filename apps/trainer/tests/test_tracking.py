@@ -243,8 +243,13 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypat
         "curriculum.tiny.steps=[1,1,2]",
         "run.plots=true",
     ]
+    # Each trainer its own wandb service, as a user's has: the fast tests' in-process runs left
+    # WANDB_SERVICE pointing at this process's service, which would outlive the killed trainer
+    # and keep its run id "in use" for the resume.
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rstar2_trainer.cli", *args],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -268,6 +273,7 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypat
 
     resumed = subprocess.run(
         [sys.executable, "-m", "rstar2_trainer.cli", "--resume", str(run_dir)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,

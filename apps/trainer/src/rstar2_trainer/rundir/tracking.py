@@ -190,24 +190,16 @@ class WandbTracker:
         self._id = state["id"] if state else secrets.token_hex(4)
         self._step = state["step"] if state else 0
         self._save()
-        for attempt in range(10):
-            try:
-                self.run = wandb.init(
-                    project=settings.project,
-                    entity=settings.entity,
-                    name=run_dir.name,
-                    id=self._id,
-                    resume="allow" if state else None,
-                    dir=str(run_dir),
-                    mode=settings.mode,
-                    settings=wandb.Settings(silent=True, console="off"),
-                )
-                break
-            except Exception as exc:
-                # A killed run's wandb service can hold the id for a moment after the kill.
-                if not state or "is in use" not in str(exc) or attempt == 9:
-                    raise
-                time.sleep(1.0)
+        self.run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            name=run_dir.name,
+            id=self._id,
+            resume="allow" if state else None,
+            dir=str(run_dir),
+            mode=settings.mode,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
         self._phases: set[str] = set()
 
     def _save(self) -> None:
