@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from rstar2_trainer.cli import main
@@ -14,6 +16,12 @@ def test_every_recipe_validates():
     assert "tiny" in recipes()
     for name in recipes():
         load_config(name)
+
+
+def test_threads_default_to_every_core_this_process_may_use():
+    assert load_config("tiny").run.threads == "auto"
+    assert load_config("tiny").run.torch_threads == len(os.sched_getaffinity(0))
+    assert load_config("tiny", ["run.threads=1"]).run.torch_threads == 1
 
 
 def test_override_is_applied():
@@ -52,6 +60,8 @@ def test_override_is_applied():
         ),
         (["tiny", "eval.sources.1=a.jsonl"], "eval.sources is empty; 0 appends an item"),
         (["tiny", "run.seed.0=1"], "run.seed is a value, not a section"),
+        (["tiny", "run.threads=0"], "run.threads: set a number of threads (at least 1) or auto"),
+        (["tiny", "run.threads=many"], "or auto, not 'many'"),
         (["tiny", "engine.kind=sglang"], "engine: Input tag 'sglang' found using 'kind'"),
         (["tiny", "engine.model=/models/x"], "engine.model: the engines run the policy"),
         (["tiny", "engine.max_model_len=512"], "engine.max_model_len 512 is below the 1408"),

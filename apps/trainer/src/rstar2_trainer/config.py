@@ -6,6 +6,7 @@ overrides from the command line and validates the result.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -75,7 +76,11 @@ class RunConfig(_Section):
     )
     runs_root: Path = Field(default=Path("runs"), description="Parent of new run directories.")
     seed: int = Field(default=0, description="The run seed; every other seed derives from it.")
-    threads: int = Field(default=1, gt=0, description="torch threads of the trainer process.")
+    threads: int | Literal["auto"] = Field(
+        default="auto",
+        description="torch threads of the trainer process (SFT, the update, an in-process "
+        "engine); auto: every core this process may run on.",
+    )
     checkpoint_every: int = Field(default=1, gt=0, description="RL steps between checkpoints.")
     keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept on disk.")
     trackers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
@@ -110,6 +115,24 @@ class RunConfig(_Section):
             raise ValueError("run.tensorboard is replaced by run.trackers; drop run.tensorboard")
         data["trackers"] = ["jsonl", "tensorboard"] if flag else ["jsonl"]
         return data
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _count_or_auto(cls, threads: Any) -> Any:
+        if threads == "auto":
+            return threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"set a number of threads (at least 1) or auto, not {threads!r}")
+        return threads
+
+    @property
+    def torch_threads(self) -> int:
+        """`threads` as a number: auto is the cores this process may run on."""
+        if self.threads != "auto":
+            return self.threads
+        if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process is allowed
+            return len(os.sched_getaffinity(0))
+        return os.cpu_count() or 1
 
     @field_validator("trackers")
     @classmethod

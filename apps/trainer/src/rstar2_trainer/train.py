@@ -100,7 +100,7 @@ class Run:
 async def train(
     config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None
 ) -> Path:
-    torch.set_num_threads(config.run.threads)
+    torch.set_num_threads(config.run.torch_threads)
     if data is None:
         data = load_run_data(config, resume=resume)
     # The trackers continue the tracked run of the checkpoint: what was logged past it belongs
@@ -177,7 +177,7 @@ async def run_eval(run: Run, when: str) -> None:
         report.console.print(
             f"eval {when}: accuracy {stats['accuracy']:.3f} on {stats['problems']} held-out "
             f"problems x {config.eval.samples}, "
-            f"tool-error ratio in correct {stats.get('tool_error_ratio_pos')}"
+            f"tool-error ratio in correct {report.fmt(stats.get('tool_error_ratio_pos'))}"
         )
     protocol = config.eval.benchmark
     for name, problems in run.benchmarks.items():

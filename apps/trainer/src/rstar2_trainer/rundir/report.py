@@ -30,7 +30,8 @@ def progress(description: str, total: int) -> Iterator[Any]:
         yield lambda n=1: bar.advance(task, n)
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: Any, digits: int = 3) -> str:
+    """A value for a terminal line: floats to `digits` places, None as '-'."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -40,15 +41,15 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
     console.print(
-        f"step {step:>3} [{stage}] reward {_fmt(m.get('reward'), 2)} "
+        f"step {step:>3} [{stage}] reward {fmt(m.get('reward'), 2)} "
         f"kept {m.get('groups_kept', 0)}/{m.get('groups_in', 0)} groups "
         f"(all-correct {m.get('groups_all_correct', 0)}, all-wrong {m.get('groups_all_wrong', 0)}) "
-        f"tool use {_fmt(m.get('tool_use_share'), 2)} "
-        f"tool-err pos {_fmt(m.get('tool_error_ratio_pos'), 2)} "
-        f"neg {_fmt(m.get('tool_error_ratio_neg'), 2)} "
-        f"len {_fmt(m.get('response_len_mean'), 0)} trunc {_fmt(m.get('truncation_ratio'), 2)} | "
-        f"gen {_fmt(m.get('time_rollout_s'), 1)}s grade {_fmt(m.get('time_grade_tail_s'), 1)}s "
-        f"train {_fmt(m.get('time_train_s'), 1)}s sync {_fmt(m.get('time_sync_s'), 2)}s"
+        f"tool use {fmt(m.get('tool_use_share'), 2)} "
+        f"tool-err pos {fmt(m.get('tool_error_ratio_pos'), 2)} "
+        f"neg {fmt(m.get('tool_error_ratio_neg'), 2)} "
+        f"len {fmt(m.get('response_len_mean'), 0)} trunc {fmt(m.get('truncation_ratio'), 2)} | "
+        f"gen {fmt(m.get('time_rollout_s'), 1)}s grade {fmt(m.get('time_grade_tail_s'), 1)}s "
+        f"train {fmt(m.get('time_train_s'), 1)}s sync {fmt(m.get('time_sync_s'), 2)}s"
     )
 
 
@@ -64,12 +65,12 @@ def final_table(
             str(e.get("benchmark", "held-out")),
             str(e["when"]),
             str(e["step"]),
-            _fmt(e.get("accuracy")),
+            fmt(e.get("accuracy")),
             f"{e.get('problems')} x {e.get('samples', 1)}",
-            _fmt(e.get("tool_use_share"), 2),
-            _fmt(e.get("tool_error_ratio_pos")),
-            _fmt(e.get("finish_answered"), 2),
-            _fmt(e.get("response_len_mean"), 0),
+            fmt(e.get("tool_use_share"), 2),
+            fmt(e.get("tool_error_ratio_pos")),
+            fmt(e.get("finish_answered"), 2),
+            fmt(e.get("response_len_mean"), 0),
         )
     console.print(table)
     console.print(f"run directory: {run_dir}")
