@@ -149,3 +149,26 @@ def test_failure_rate_sets_the_share_of_traces_that_fail_first_and_recover():
     assert failing(0.0) == 0
     assert failing(1.0) == len(problems)
     assert 0.3 * len(problems) < failing(0.6) < 0.9 * len(problems)
+
+
+def test_a_check_failure_share_fails_a_second_call_and_answers_anyway(traced):
+    problems, plain = traced
+    checked = sft_traces(problems, seed=9, failure_rate=0.4, check_failure_rate=0.5)
+    by_id = {p.id: p for p in problems}
+    with_check = [e for e in checked if any("NameError" in m.content for m in e.messages[-2:-1])]
+    assert 0.2 * len(problems) <= len(with_check) <= 0.8 * len(problems)
+    for e in with_check:
+        problem = by_id[e.id]
+        call, error, final = e.messages[-3:]
+        code = _payload(call.content)["arguments"]["code"]
+        assert code == f"print({problem.metadata['var']} == {problem.answer})"
+        assert _python(code) == error.content  # what the code really prints
+        answer = FINAL.match(final.content)
+        assert answer and answer.group(1) == problem.answer
+        # the trace before the check is the one a run without checks makes
+        before = next(p for p in plain if p.id == e.id)
+        assert e.messages[: len(before.messages) - 1] == before.messages[:-1]
+    # a rate of 0 changes nothing, and the rate is checked
+    assert sft_traces(problems, seed=9, failure_rate=0.4, check_failure_rate=0.0) == plain
+    with pytest.raises(ValueError, match="check_failure_rate"):
+        sft_traces([], seed=0, check_failure_rate=1.5)

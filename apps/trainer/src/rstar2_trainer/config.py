@@ -177,6 +177,13 @@ class SFTConfig(_Section):
     failure_rate: float = Field(
         default=0.3, ge=0, le=1, description="Share of traces whose first tool call fails."
     )
+    check_failure_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of traces that, after the working program, run a check in a second "
+        "call that fails (nothing carries over between calls) and answer anyway.",
+    )
     direct_share: float = Field(
         default=0.0,
         ge=0,

@@ -102,6 +102,7 @@ def load_run_data(config: TrainerConfig, *, resume: bool = False) -> RunData:
             data.sft_problems,
             seed=seed,
             failure_rate=config.sft.failure_rate,
+            check_failure_rate=config.sft.check_failure_rate,
             direct_share=config.sft.direct_share,
         )
     return data

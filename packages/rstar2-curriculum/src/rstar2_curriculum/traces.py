@@ -5,7 +5,10 @@
 sentence and calls the python tool, the tool's output, and a final turn with
 `<answer>... \\boxed{N} </answer>`. A share of traces (`failure_rate`) first calls a broken
 program (a misspelt variable, an unclosed parenthesis, a missing import), reads the real error,
-says what went wrong and calls the fixed program. Another share (`direct_share`) of the problems
+says what went wrong and calls the fixed program. A share (`check_failure_rate`) runs the
+working program, then a check in a second call that fails because nothing carries over between
+calls (`print(count == 42)`: a NameError), says so and answers with the first output: a failed call
+that does not stand between the policy and the right answer. Another share (`direct_share`) of the problems
 whose answer is short (at most `direct_max_digits` digits: a count, a residue) answers straight
 away without the tool, as a non-reasoning instruct model does with a question whose answer looks
 small: the answer in such a trace is right, but a small model cannot compute it in its head, so a
@@ -53,6 +56,14 @@ _DIRECT = (
     "I can answer this without running code.",
     "I know this one.",
 )
+_CHECKS = (
+    "Let me double-check that value.",
+    "I will confirm the result with a second call.",
+)
+_AFTER_CHECK = (
+    "The check failed: variables do not carry over between calls. The first program printed {n}.",
+    "Nothing is kept between calls, so the check could not see {var}; the program printed {n}.",
+)
 _FIXES = {
     "typo": "I misspelt the variable {var}. Let me fix the name and run it again.",
     "syntax": "I left a parenthesis unclosed. Let me fix the syntax.",
@@ -67,6 +78,7 @@ class _Plan:
     broken: str | None
     direct: bool  # answer without calling the tool
     rng_seed: str
+    check: str | None = None  # a check program that fails (nothing carries over between calls)
 
 
 def _break(code: str, var: str, failure: str) -> str:
@@ -82,7 +94,12 @@ def _break(code: str, var: str, failure: str) -> str:
 
 
 def _plan(
-    problem: Problem, seed: int, failure_rate: float, direct_share: float, direct_max_digits: int
+    problem: Problem,
+    seed: int,
+    failure_rate: float,
+    direct_share: float,
+    direct_max_digits: int,
+    check_failure_rate: float = 0.0,
 ) -> _Plan:
     if "solution" not in problem.metadata or "var" not in problem.metadata:
         raise ValueError(f"problem {problem.id} has no reference solution (not synthetic?)")
@@ -98,7 +115,11 @@ def _plan(
         kinds = ["typo", "syntax"] + (["import"] if "import math" in code.split("\n") else [])
         failure = rng.choice(kinds)
     broken = _break(code, problem.metadata["var"], failure) if failure else None
-    return _Plan(problem, failure, broken, False, text_seed)
+    check = None
+    # its own stream, so that check_failure_rate=0 leaves every other choice as it was
+    if random.Random(f"rstar2-trace-check:{seed}:{problem.id}").random() < check_failure_rate:
+        check = f"print({problem.metadata['var']} == {problem.answer})"
+    return _Plan(problem, failure, broken, False, text_seed, check)
 
 
 def sft_traces(
@@ -108,16 +129,28 @@ def sft_traces(
     workers: int = 2,
     direct_share: float = 0.0,
     direct_max_digits: int = 3,
+    check_failure_rate: float = 0.0,
 ) -> list[SFTExample]:
     """One worked trace per problem, in order; see the module docstring."""
-    for name, value in (("failure_rate", failure_rate), ("direct_share", direct_share)):
+    rates = {
+        "failure_rate": failure_rate,
+        "direct_share": direct_share,
+        "check_failure_rate": check_failure_rate,
+    }
+    for name, value in rates.items():
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], not {value}")
-    plans = [_plan(p, seed, failure_rate, direct_share, direct_max_digits) for p in problems]
+    plans = [
+        _plan(p, seed, failure_rate, direct_share, direct_max_digits, check_failure_rate)
+        for p in problems
+    ]
     codes = [p.problem.metadata["solution"] for p in plans]
     broken = [p.broken for p in plans if p.broken is not None]
-    outputs = run_many(codes + broken, workers=workers)
-    good, bad = outputs[: len(codes)], iter(outputs[len(codes) :])
+    checks = [p.check for p in plans if p.check is not None]
+    outputs = run_many(codes + broken + checks, workers=workers)
+    good = outputs[: len(codes)]
+    bad = iter(outputs[len(codes) : len(codes) + len(broken)])
+    checked = iter(outputs[len(codes) + len(broken) :])
 
     examples = []
     for plan, code, result in zip(plans, codes, good, strict=True):
@@ -164,6 +197,21 @@ def sft_traces(
         n = problem.answer
         messages.append(Message(role="tool", content=result.text))
         close = rng.choice(_CLOSERS).format(n=n)
+        if plan.check is not None:
+            failed = next(checked)
+            if failed.exit_code == 0:
+                raise RuntimeError(f"check program of {problem.id} did not fail")
+            check_rng = random.Random(f"rstar2-trace-check-text:{seed}:{problem.id}")
+            messages.append(
+                Message(
+                    role="assistant",
+                    content=f"<reason>{check_rng.choice(_CHECKS)}</reason>\n"
+                    f"{render_python_call(plan.check)}",
+                )
+            )
+            messages.append(Message(role="tool", content=failed.text))
+            var = problem.metadata["var"]
+            close = check_rng.choice(_AFTER_CHECK).format(n=n, var=var)
         answer = rng.choice(_ANSWERS).format(n=n)
         messages.append(
             Message(
