@@ -1,7 +1,7 @@
 """The paper's Figure 4 in miniature: GRPO vs GRPO-RoC from one SFT policy, over several seeds.
 
     uv run python bench/roc_vs_grpo.py [RECIPE] [a.b=value ...] [--seeds 0 1 2] [--jobs 2]
-        [--work runs/roc_vs_grpo] [--json bench/results/roc_vs_grpo.json]
+        [--eval-samples N] [--work runs/roc_vs_grpo] [--json bench/results/roc_vs_grpo.json]
 
 1. SFT once: `rstar2-train RECIPE` (default `tiny-noisy-tools`, whose SFT policy fails and
    recovers on a share of its tool calls) until it writes checkpoint 0, the policy right after
@@ -232,8 +232,10 @@ def sft_policy(recipe: str, overrides: list[str], work: Path) -> Path:
     return policy
 
 
-def held_out_of_sft(work: Path) -> list[str]:
-    """Overrides that evaluate on the SFT run's held-out problems, with its protocol.
+def held_out_of_sft(work: Path, samples: int | None = None) -> list[str]:
+    """Overrides that evaluate on the SFT run's held-out problems, with its protocol (`samples`
+    per problem instead of its own when given: more trajectories measure a small tool-error
+    ratio more closely).
 
     A run without SFT holds out only what its own RL data lacks, so its synthetic held-out set
     would share questions with the SFT traces (36 of 128 did); the SFT run's set excludes both.
@@ -243,14 +245,22 @@ def held_out_of_sft(work: Path) -> list[str]:
     return [
         "eval.synthetic=false",
         f"eval.sources=[{(sft / 'heldout.jsonl').resolve()}]",
-        f"eval.benchmark.samples={e['samples']}",
+        f"eval.benchmark.samples={samples or e['samples']}",
         f"eval.benchmark.temperature={e['temperature']}",
         f"eval.benchmark.max_turns={e['max_turns']}",
         f"eval.benchmark.max_response_tokens={e['max_response_tokens']}",
     ]
 
 
-def rl_run(recipe: str, overrides: list[str], policy: Path, arm: str, seed: int, work: Path) -> int:
+def rl_run(
+    recipe: str,
+    overrides: list[str],
+    policy: Path,
+    arm: str,
+    seed: int,
+    work: Path,
+    eval_samples: int | None = None,
+) -> int:
     """One arm and seed from the SFT policy; skipped when finished, resumed when started."""
     run_dir = work / f"{arm}-s{seed}"
     if (run_dir / "policy" / "config.json").is_file():
@@ -267,7 +277,7 @@ def rl_run(recipe: str, overrides: list[str], policy: Path, arm: str, seed: int,
             "run.threads=1",
             f"run.name={arm}-s{seed}",
             f"run.output_dir={run_dir}",
-            *held_out_of_sft(work),
+            *held_out_of_sft(work, eval_samples),
             *ARMS[arm],
         )
     return run_logged(cmd, work / f"{arm}-s{seed}.log")
@@ -282,6 +292,12 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/roc_vs_grpo"))
     parser.add_argument("--json", type=Path, default=Path("bench/results/roc_vs_grpo.json"))
     parser.add_argument(
+        "--eval-samples",
+        type=int,
+        help="samples per held-out problem in every evaluation of the RL runs (default: the "
+        "SFT run's eval.samples)",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="summarise the finished runs; start none"
     )
     args = parser.parse_args()
@@ -289,7 +305,16 @@ def main() -> int:
         policy = sft_policy(args.recipe, args.overrides, args.work)
         with ThreadPoolExecutor(args.jobs) as pool:  # seed by seed, both arms of a seed at once
             futures = [
-                pool.submit(rl_run, args.recipe, args.overrides, policy, arm, seed, args.work)
+                pool.submit(
+                    rl_run,
+                    args.recipe,
+                    args.overrides,
+                    policy,
+                    arm,
+                    seed,
+                    args.work,
+                    args.eval_samples,
+                )
                 for seed in args.seeds
                 for arm in ARMS
             ]

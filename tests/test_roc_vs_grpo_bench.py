@@ -103,3 +103,17 @@ def test_the_json_has_exactly_the_contract_top_level(tmp_path):
     assert {"seed", "steps", "final_accuracy", "final_tool_error_ratio_pos"} <= set(run)
     bench.plot(arms, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_rl_runs_evaluate_on_the_sft_runs_held_out_set_with_more_samples_if_asked(tmp_path):
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "heldout.jsonl").write_text("")
+    eval_section = {"samples": 4, "temperature": 0.6, "max_turns": 4, "max_response_tokens": 384}
+    (sft / "config.yaml").write_text(json.dumps({"eval": eval_section}))  # JSON is YAML
+    same = bench.held_out_of_sft(tmp_path)
+    assert f"eval.sources=[{(sft / 'heldout.jsonl').resolve()}]" in same
+    assert "eval.synthetic=false" in same and "eval.benchmark.samples=4" in same
+    more = bench.held_out_of_sft(tmp_path, 16)
+    assert "eval.benchmark.samples=16" in more
+    assert [o for o in more if "samples" not in o] == [o for o in same if "samples" not in o]
