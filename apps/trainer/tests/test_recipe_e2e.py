@@ -99,6 +99,7 @@ def test_sft_from_data_then_stages_with_the_hard_pass_and_benchmarks(tmp_path):
         "algo.group_size=2",
         f"eval.sources=[{data['bench']}]",
         "eval.synthetic=false",
+        "eval.every_stage=true",  # the tiny recipe evaluates only after SFT and at the end
         "eval.benchmark.samples=2",
         "eval.benchmark.max_response_tokens=32",
         "eval.benchmark.max_turns=2",

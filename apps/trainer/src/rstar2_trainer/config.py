@@ -305,6 +305,11 @@ class EvalConfig(_Section):
         default=False,
         description="Also evaluate before SFT (the untrained model; it teaches nothing).",
     )
+    every_stage: bool = Field(
+        default=True,
+        description="Evaluate at every stage switch; false: after SFT and after the last "
+        "stage only.",
+    )
     synthetic: bool = Field(
         default=True, description="Evaluate on held-out synthetic problems (the tiny recipe)."
     )

@@ -345,7 +345,8 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
     if switch is not None:
         run.log.log("stage", run.step, switch.model_dump())
         report.console.print(f"stage switch after step {run.step}: {switch.reason}")
-        await run_eval(run, f"after_{stage.name}")
+        if run.config.eval.every_stage or run.curriculum.plan.finished:
+            await run_eval(run, f"after_{stage.name}")
         if switch.reset_optimizer:
             await run.policy.reset_optimizer()
         entered = run.curriculum.plan.current if not run.curriculum.plan.finished else None
