@@ -47,7 +47,7 @@ def test_tiny_run_end_to_end(tmp_path, tiny_run):
     run_dir = tmp_path / "run"
     stages = ["curriculum.tiny.steps=[1,1,1]", "curriculum.tiny.max_response_tokens=[64,96,96]"]
     sampled_eval = ["eval.temperature=0.6", "eval.samples=2", "sft.direct_share=0.25"]
-    sampled_eval.append("eval.before_sft=true")
+    sampled_eval += ["eval.before_sft=true", "eval.every_stage=true"]  # tiny.yaml turns it off
     proc = _train(["tiny", f"run.output_dir={run_dir}", *tiny_run, *SMALL, *stages, *sampled_eval])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
