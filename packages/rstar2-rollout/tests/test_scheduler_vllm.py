@@ -109,12 +109,19 @@ def test_kv_progress_runs_past_the_summed_worst_cases_and_vllm_never_preempts(
 ) -> None:
     total = small_engine.kv_capacity().total_tokens
     before = small_engine.progress().preemptions
+    recomputed = small_engine.progress().recomputed_tokens
+    assert before is not None and recomputed is not None
     finished, most = _run(runner, small_engine, SchedulerConfig(policy=KVProgressPolicy()))
     assert all(finished)
     assert small_engine.progress().preemptions == before  # vLLM never had to preempt
+    assert small_engine.progress().recomputed_tokens == recomputed  # nor to recompute
     assert most > total  # more at once than a worst-case reservation per request allows
 
-    # the same requests all at once (the static split) overflow the cache: vLLM preempts
+    # the same requests all at once (the static split) overflow the cache: vLLM preempts, and
+    # prefills again what the prefix cache no longer holds of the preempted requests
     finished, _ = _run(runner, small_engine, SchedulerConfig(policy=StaticPolicy()))
     assert all(finished)
-    assert small_engine.progress().preemptions > before
+    preempted = small_engine.progress().preemptions
+    assert preempted is not None and preempted > before
+    grown = small_engine.progress().recomputed_tokens
+    assert grown is not None and grown > recomputed

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
 
-from rstar2_rollout.config import KVAwarePolicy, SchedulerConfig, StaticPolicy
+from rstar2_rollout.config import (
+    KVAwarePolicy,
+    LeastRequestsPolicy,
+    SchedulerConfig,
+    StaticPolicy,
+)
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.simulate import (
     EngineModel,
     Scenario,
     SimEngine,
     draw_workload,
+    makespan_lower_bound,
     order_workload,
     run_virtual,
     simulate,
@@ -138,3 +145,39 @@ def test_kv_aware_never_preempts_in_any_order(order) -> None:
     assert r.preemption_events == 0 and r.recomputed_tokens == 0 and r.failed == 0
     assert r.order == order
     assert 0 < r.tool_wait_share < 0.2  # tools take a small share of a trajectory's life
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [StaticPolicy(), StaticPolicy(split="round_robin"), KVAwarePolicy(), LeastRequestsPolicy()],
+)
+def test_no_policy_beats_the_makespan_lower_bound(policy) -> None:
+    tight = dataclasses.replace(SMALL, engine=EngineModel(kv_tokens=20_000))
+    for scenario in (SMALL, tight):
+        bound = makespan_lower_bound(scenario, seed=5)
+        result = simulate(scenario, SchedulerConfig(policy=policy), seed=5)
+        assert 0 < bound.makespan_s <= result.makespan_s
+
+
+def test_the_lower_bound_is_the_makespan_of_a_lone_trajectory() -> None:
+    alone = dataclasses.replace(SMALL, engines=1, prompts=1, samples_per_prompt=1)
+    bound = makespan_lower_bound(alone, seed=2)
+    result = simulate(alone, SchedulerConfig(), seed=2)
+    assert bound.path_s == bound.makespan_s
+    # a batch of one pays every step alone; the engine settles a turn that ends inside a chunk
+    # of identical steps at the chunk's end, so each turn may end up to a chunk late
+    (spec,) = draw_workload(alone, seed=2)
+    m = alone.engine
+    longest_step = m.scheduler_step_s + m.base_step_s + m.per_request_step_s
+    longest_step += m.per_kv_token_step_s * (spec.prompt_tokens + spec.response_tokens)
+    late = len(spec.turn_tokens) * m.max_chunk_steps * longest_step
+    assert bound.path_s <= result.makespan_s <= bound.path_s + late
+
+
+def test_forced_lengths_ask_for_each_turn_exactly() -> None:
+    asked = simulate(SMALL, SchedulerConfig(policy=LeastRequestsPolicy()), seed=1)
+    forced = simulate(
+        SMALL, SchedulerConfig(policy=LeastRequestsPolicy()), seed=1, forced_lengths=True
+    )
+    assert forced.decoded_tokens == asked.decoded_tokens  # the same tokens either way
+    assert forced.failed == asked.failed == 0

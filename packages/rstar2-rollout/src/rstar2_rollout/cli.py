@@ -35,15 +35,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from rstar2_rollout.config import (
     EngineConfig,
-    ForecastPolicy,
-    KVAwarePolicy,
-    KVProgressPolicy,
-    LeastRequestsPolicy,
+    Policy,
     RolloutConfig,
     SchedulerConfig,
-    StaticPolicy,
     WorkerConfig,
 )
+
+POLICIES = [c.model_fields["kind"].default for c in get_args(get_args(Policy)[0])]
 
 
 class UsageError(Exception):
@@ -94,13 +92,10 @@ def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig,
             tool_timeout_s=args.tool_timeout,
             max_context_tokens=args.max_model_len,
         )
-        policy: Any = {
-            "kv_progress": KVProgressPolicy(kv_tokens_fallback=args.kv_tokens),
-            "kv_aware": KVAwarePolicy(kv_tokens_fallback=args.kv_tokens),
-            "forecast": ForecastPolicy(),
-            "static": StaticPolicy(),
-            "least_requests": LeastRequestsPolicy(),
-        }[args.policy]
+        fields: dict[str, Any] = {"kind": args.policy}
+        if args.policy.startswith("kv_"):
+            fields["kv_tokens_fallback"] = args.kv_tokens
+        policy: Any = TypeAdapter(Policy).validate_python(fields)
         worker = WorkerConfig(
             max_response_tokens=args.max_response_tokens, max_turns=args.max_turns
         )
@@ -324,8 +319,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, default=0, help="engine i is seeded seed + i")
     serve.add_argument(
         "--policy",
-        choices=["kv_progress", "kv_aware", "forecast", "static", "least_requests"],
-        default="kv_progress",
+        choices=POLICIES,
+        default=SchedulerConfig().policy.kind,
+        help="placement policy (SCHEDULER.md); default: SchedulerConfig's",
     )
     serve.add_argument(
         "--kv-tokens", type=_positive_int, help="KV tokens assumed per engine that reports none"

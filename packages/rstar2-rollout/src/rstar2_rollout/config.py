@@ -299,7 +299,10 @@ class SchedulerConfig(BaseModel):
     """How trajectories are placed on engine replicas."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    policy: Policy = Field(default_factory=KVProgressPolicy, description="The placement policy.")
+    policy: Policy = Field(
+        default_factory=LeastRequestsPolicy,
+        description="The placement policy (least_requests: measured best overall, SCHEDULER.md).",
+    )
     max_engine_errors: int = Field(
         default=3, gt=0, description="Consecutive generate errors that mark an engine dead."
     )

@@ -27,6 +27,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = True
+    ignore_eos: bool = False  # write max_tokens tokens whatever is sampled (benchmarks)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class EngineProgress:
     block_tokens: int = 1  # the KV cache is allocated in blocks of this many tokens
     preemptions: int | None = None  # requests the engine has preempted so far (None: unknown)
     step: int = 0  # steps the engine had run when the snapshot was taken: larger is newer
+    recomputed_tokens: int | None = None  # tokens prefilled again for preempted requests so far
 
 
 @runtime_checkable

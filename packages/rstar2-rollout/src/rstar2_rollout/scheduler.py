@@ -12,7 +12,7 @@ lifecycle; the policy is one `placement.Placement` object built once from `Sched
   worst case of every job the scheduler already admitted there (so admission never races the
   engine's own report), and `free` is what the engine reports (so memory used by anyone else is
   respected). Engines are refilled as jobs finish; jobs wait in FIFO order until one fits.
-- `kv_progress` (the default): the same promise (no preemption, ever), kept turn by turn with
+- `kv_progress`: the same promise (no preemption, ever), kept turn by turn with
   the exact worst case instead of the sum of worst cases. Every generation call of a job (a turn)
   is admitted only if `kvbound.peak_kv_tokens` of the engine's turns, given how far each has come
   (`ProgressEngine.progress`), plus the new turn at its maximum length fits in the cache. A job
@@ -26,8 +26,10 @@ lifecycle; the policy is one `placement.Placement` object built once from `Sched
   batch whose samples of one problem are adjacent), so a problem's samples share an engine;
   `split="round_robin"` sends job i to engine i mod E. A lone `submit` has no batch to slice and
   goes round robin.
-- `least_requests` (verl v0.5): a job goes to the engine with the fewest running jobs and stays
-  there; optionally capped at `max_running_per_engine`.
+- `least_requests` (verl v0.5; the default): a job goes to the engine with the fewest running
+  jobs and stays there, and the engine admits and preempts by itself; optionally capped at
+  `max_running_per_engine`. On an engine that preempts like vLLM V1 it was measured the best
+  policy overall (SCHEDULER.md): KV-aware admission gives up more batch than it saves.
 - `power_of_two`, `cache_aware` (sglang-router), `least_tokens`: see `peers.py`.
 
 Engine failure: a `generate` that raises or answers `finish_reason="error"` `max_engine_errors`

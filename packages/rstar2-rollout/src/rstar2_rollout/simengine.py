@@ -254,6 +254,7 @@ class SimEngine:
             block_tokens=self.model.block_tokens,
             preemptions=self.stats.preempted_requests,
             step=now,
+            recomputed_tokens=self.stats.recomputed_tokens,
         )
 
     async def generate(

@@ -36,6 +36,7 @@ from rstar2_rollout.simengine import (
 __all__ = [
     "EngineModel",
     "EngineStats",
+    "LowerBound",
     "Order",
     "Scenario",
     "SimEngine",
@@ -44,6 +45,7 @@ __all__ = [
     "TurnBarrier",
     "VirtualClockLoop",
     "draw_workload",
+    "makespan_lower_bound",
     "order_workload",
     "run_trajectory",
     "run_virtual",
@@ -240,6 +242,66 @@ class SimResult:
     # share of the admitted trajectory-time spent waiting for tools: the most that releasing a
     # reservation between turns could hand back
     tool_wait_share: float = 0.0
+    steps: int = 0  # engine steps, summed over engines
+    prefill_tokens: int = 0  # prefilled tokens (recomputed ones included), summed over engines
+    busy_max_s: float = 0.0  # the busiest engine's busy seconds
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """What no schedule of a drawn workload can beat on the simulated engines (seconds)."""
+
+    path_s: float  # the slowest trajectory alone: its decode steps, prefill and tool waits
+    work_s: float  # every engine's step costs, spread perfectly (see `makespan_lower_bound`)
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.path_s, self.work_s)
+
+
+def makespan_lower_bound(scenario: Scenario, seed: int) -> LowerBound:
+    """A lower bound on the makespan of `draw_workload(scenario, seed)` under any policy.
+
+    On `SimEngine` a step costs `a + c_req x decoding + c_kv x KV in use + prefill / rate` with
+    `a = scheduler_step_s + base_step_s`. A turn that starts decoding with context `c` and writes
+    `d` tokens adds `c_req d + c_kv (d c + d (d - 1) / 2)` to its engine's busy time wherever it
+    runs, and each turn prefills at least its new tokens (the prompt, the tool output). Summed over
+    trajectories that is `W`, the same for every policy (preemption only adds to it). An engine
+    also pays `a` per step, and one that runs a trajectory of `D` decode steps takes at least `D`
+    steps. With `A` engines hosting the trajectories of at least `D` steps (work `W_D`):
+    `E T >= W + A a D` and `T >= a D + W_D / A`; the bound is the least over `A` of the larger,
+    the largest over `D`. `path_s`: one trajectory's own steps (a batch of one), prefill and tool
+    waits in series."""
+    m = scenario.engine
+    a = m.scheduler_step_s + m.base_step_s
+    items: list[tuple[int, float]] = []  # (decode steps, work) per trajectory
+    path = 0.0
+    for spec in draw_workload(scenario, seed):
+        context, steps, kv, prefill = spec.prompt_tokens, 0, 0, spec.prompt_tokens
+        for t, d in enumerate(spec.turn_tokens):
+            kv += d * context + d * (d - 1) // 2
+            steps += d
+            context += d
+            if t < len(spec.tool_tokens):
+                context += spec.tool_tokens[t]
+                prefill += spec.tool_tokens[t]
+        work = m.per_request_step_s * steps + m.per_kv_token_step_s * kv
+        work += prefill / m.prefill_tokens_per_s
+        items.append((steps, work))
+        path = max(path, a * steps + work + sum(spec.tool_latency_s))
+    engines = scenario.engines
+    total = sum(w for _, w in items)
+    items.sort(key=lambda x: -x[0])
+    best, top = total / engines, 0.0
+    for i, (d, w) in enumerate(items):
+        top += w
+        if i + 1 < len(items) and items[i + 1][0] == d:
+            continue  # W_D takes every trajectory of at least D steps
+        bound = min(
+            max((total + k * a * d) / engines, a * d + top / k) for k in range(1, engines + 1)
+        )
+        best = max(best, bound)
+    return LowerBound(path_s=path, work_s=best)
 
 
 def simulate(
@@ -248,10 +310,14 @@ def simulate(
     seed: int,
     turn_barrier: bool = False,
     order: Order = "submitted",
+    forced_lengths: bool = False,
 ) -> SimResult:
     """Run one step of `scenario` under `config` on a virtual clock; `turn_barrier` adds
     VERL v0.2's per-turn synchronisation (`TurnBarrier`) on top of the placement policy and
-    `order` the submission order (see the module docstring)."""
+    `order` the submission order (see the module docstring). Each turn asks for the whole
+    budget left and stops at its drawn length, as a model stops at its end token; with
+    `forced_lengths` it asks for exactly its drawn length (`max_tokens`, as a benchmark on a
+    real engine forces it)."""
     specs = order_workload(draw_workload(scenario, seed), order)
     script: dict[str, int] = {}  # what the simulated model writes per request, drawn in advance
     engines = [SimEngine(f"engine-{i}", scenario.engine, script) for i in range(scenario.engines)]
@@ -261,9 +327,12 @@ def simulate(
         barrier = TurnBarrier() if turn_barrier else None
         jobs = [
             Job(
-                lambda e, s=s: run_trajectory(e, s, barrier, script, scenario.max_response_tokens),
+                lambda e, s=s: run_trajectory(
+                    e, s, barrier, None if forced_lengths else script, scenario.max_response_tokens
+                ),
                 s.prompt_tokens,
                 scenario.max_response_tokens,
+                tag=s.key,
                 group=s.group,
             )
             for s in specs
@@ -291,4 +360,7 @@ def simulate(
         failed=failed,
         order=order,
         tool_wait_share=tool_wait_share,
+        steps=sum(s.steps for s in stats),
+        prefill_tokens=sum(s.prefill_tokens for s in stats),
+        busy_max_s=max(s.busy_s for s in stats),
     )

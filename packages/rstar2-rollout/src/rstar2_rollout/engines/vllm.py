@@ -12,8 +12,11 @@ and reload weights from live tensors without serialising them.
   size. The scheduler uses it to admit only what fits, so vLLM never preempts.
 - `progress()` (the optional `ProgressEngine` capability): after every step the engine thread
   publishes, for each running request past its prefill, how many tokens it has generated, with
-  `max_num_seqs`, the block size and how many requests vLLM has preempted so far (counted by
-  wrapping the scheduler's `_preempt_request`; None where vLLM no longer has it).
+  `max_num_seqs`, the block size, how many requests vLLM has preempted so far (counted by
+  wrapping the scheduler's `_preempt_request`) and how many tokens it has prefilled again for
+  them, its prefix-cache hits excluded (counted by wrapping `schedule`, which then scans the
+  waiting queue for preempted requests once anything was preempted); each None where vLLM no
+  longer has the private method.
 - `update_weights` is ordered with requests: those submitted before it finish on the old weights,
   those after run on the new ones. It drains the running batch, calls the model runner's
   `reload_weights` (vLLM's path that re-runs post-load processing such as CPU weight repacking),
@@ -143,6 +146,8 @@ class VLLMEngine:
         self._block_size: int = vllm_config.cache_config.block_size
         self._max_running: int = vllm_config.scheduler_config.max_num_seqs
         self._preemptions: int | None = self._count_preemptions()
+        self._recomputed: int | None = self._count_recomputed()
+        self._resuming: set[str] = set()  # resumed requests not yet recomputed in full
         self._steps = 0
         self._progress = EngineProgress({}, self._max_running, self._block_size, self._preemptions)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -340,6 +345,37 @@ class VLLMEngine:
         self._scheduler._preempt_request = counted
         return 0
 
+    def _count_recomputed(self) -> int | None:
+        """Count the tokens vLLM prefills again for preempted requests (the prefix cache's hit
+        excluded) by wrapping its scheduler's `schedule` (private API; None where it differs)."""
+        scheduler = self._scheduler
+        schedule = getattr(scheduler, "schedule", None)
+        if schedule is None or not hasattr(scheduler, "waiting"):
+            return None
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not self._preemptions and not self._resuming:
+                return schedule(*args, **kwargs)  # nothing was ever preempted: nothing to scan
+            preempted = {
+                r.request_id
+                for r in getattr(scheduler, "waiting", ())
+                if r.num_preemptions and not r.num_computed_tokens
+            }
+            out = schedule(*args, **kwargs)
+            scheduled = getattr(out, "num_scheduled_tokens", {})
+            for request in scheduler.running:
+                rid = request.request_id
+                if rid in preempted:
+                    self._resuming.add(rid)
+                if rid in self._resuming and rid in scheduled:
+                    self._recomputed = (self._recomputed or 0) + scheduled[rid]
+                    if request.num_computed_tokens >= request.num_tokens - 1:
+                        self._resuming.discard(rid)
+            return out
+
+        scheduler.schedule = counted
+        return 0
+
     def _publish_progress(self) -> None:
         generated = {}
         for request in self._scheduler.running:
@@ -347,7 +383,12 @@ class VLLMEngine:
             if caller is not None and request.num_computed_tokens >= request.num_prompt_tokens:
                 generated[caller] = request.num_output_tokens
         self._progress = EngineProgress(
-            generated, self._max_running, self._block_size, self._preemptions, self._steps
+            generated,
+            self._max_running,
+            self._block_size,
+            self._preemptions,
+            self._steps,
+            self._recomputed,
         )
 
     def _step(self) -> None:
@@ -421,6 +462,7 @@ def _vllm_params(params: SamplingParams) -> Any:
         stop_token_ids=list(params.stop_token_ids) or None,
         include_stop_str_in_output=True,
         logprobs=0 if params.logprobs else None,
+        ignore_eos=params.ignore_eos,
         skip_special_tokens=False,
         detokenize=bool(params.stop),
     )
