@@ -322,6 +322,13 @@ def test_info_reports_every_confinement(runner, client):
     assert set(REQUIRED) <= set(info.confinements), info.unavailable
     assert info.warning == ""
     assert "cgroup" in info.unavailable  # no cgroup v2 delegation here: said, not claimed
+    v1 = {}  # controller -> its cgroup v1 hierarchy id (0: none), as the kernel lists them
+    with open("/proc/cgroups") as table:
+        for fields in (line.split() for line in table if not line.startswith("#")):
+            v1[fields[0]] = fields[1]
+    if v1.get("memory", "0") != "0":  # this host: memory is on a v1 hierarchy, so v2 lacks it
+        assert "no memory" in info.unavailable["cgroup"], info.unavailable["cgroup"]
+        assert "RLIMIT_AS" in info.unavailable["cgroup"]
 
 
 def test_the_host_is_out_of_sight(runner, client, server, workers, host_data):

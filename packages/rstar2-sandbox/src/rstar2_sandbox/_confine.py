@@ -19,8 +19,9 @@ nothing is skipped silently):
   included), not dumpable (no /proc/<pid>/mem, environ, fd for anyone else), and last the seccomp
   filter of `_seccomp`.
 
-Not covered: cgroups (this host's are v1 without delegation; memory is bounded by RLIMIT_AS and
-the call's tmpfs size, CPU by rlimits and the wall clock).
+Not covered: cgroups (on this host memory and pids are on cgroup v1 hierarchies, so its cgroup
+v2 offers neither; memory is bounded by RLIMIT_AS and the call's tmpfs size, CPU by rlimits and
+the wall clock).
 """
 
 from __future__ import annotations

@@ -549,10 +549,36 @@ class Worker:
                     self.finish_call(message["tag"], message["status"], message["cpu_s"])
 
 
-def _cgroup_reason() -> str:
-    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        return "no cgroup v2 here (v1 or hybrid hierarchy); memory is bounded by RLIMIT_AS"
-    return "cgroup v2 limits are not used yet; memory is bounded by RLIMIT_AS"
+def cgroup_reason(mountinfo: str = "/proc/self/mountinfo") -> str:
+    """Why there are no per-worker cgroup limits on this host, in one line for `Info`."""
+    fallback = "memory is bounded by RLIMIT_AS, processes by seccomp (no fork)"
+    roots = []
+    with contextlib.suppress(OSError), open(mountinfo) as mounts:
+        for line in mounts:
+            before, _, after = line.partition(" - ")
+            if after.startswith("cgroup2 "):
+                roots.append(before.split()[4])
+    if not roots:
+        return f"no cgroup v2 hierarchy is mounted (cgroup v1 only); {fallback}"
+    offered: set[str] = set()
+    for root in roots:
+        with contextlib.suppress(OSError), open(f"{root}/cgroup.controllers") as controllers:
+            offered |= set(controllers.read().split())
+    missing = sorted({"memory", "pids"} - offered)
+    if missing:
+        v1 = set()  # /proc/cgroups: name, hierarchy id (0: not on a v1 hierarchy), ...
+        with contextlib.suppress(OSError, IndexError), open("/proc/cgroups") as table:
+            v1 = {
+                f[0]
+                for f in (line.split() for line in table)
+                if f[0] != "#subsys_name" and f[1] != "0"
+            }
+        why = " (bound to cgroup v1 hierarchies)" if set(missing) <= v1 else ""
+        return (
+            f"cgroup v2 ({', '.join(roots)}) offers no {' or '.join(missing)} controller"
+            f"{why}; {fallback}"
+        )
+    return f"per-worker memory.max and pids.max are not built yet; {fallback}"
 
 
 def main() -> None:
@@ -588,7 +614,7 @@ def main() -> None:
     if received is None:
         sys.exit(1)
     ready = received[0]
-    ready["unavailable"]["cgroup"] = _cgroup_reason()
+    ready["unavailable"]["cgroup"] = cgroup_reason()
     worker = Worker(config, ours)
     worker.send(ready | {"pid": os.getpid(), "zygote": pid})
     try:
