@@ -328,9 +328,7 @@ def test_the_cgroup_reason_names_what_the_host_lacks(tmp_path):
     from rstar2_sandbox._worker import cgroup_reason
 
     v1_only = tmp_path / "v1"
-    v1_only.write_text(
-        "30 24 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
-    )
+    v1_only.write_text("30 24 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")
     assert cgroup_reason(str(v1_only)).startswith("no cgroup v2 hierarchy is mounted")
     root = tmp_path / "unified"
     root.mkdir()

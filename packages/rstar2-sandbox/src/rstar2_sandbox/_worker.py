@@ -162,8 +162,14 @@ class Worker:
         )
 
     # --- one-shot calls ---------------------------------------------------------------------
+    def _slot(self) -> int:
+        """A free uid slot; OSError (this call's sandbox_error) when every one is taken."""
+        if not self.free_slots:
+            raise OSError(f"all {_UID_SLOTS} call slots of this worker are taken")
+        return self.free_slots.popleft()
+
     def start_call(self, msg: dict[str, Any]) -> None:
-        slot = self.free_slots.popleft()
+        slot = self._slot()
         tag = next(self.tags)
         started = time.monotonic()
         call = _Call(
@@ -290,7 +296,7 @@ class Worker:
 
     # --- sessions -------------------------------------------------------------------------
     def _open_session(self, name: str, memory: int) -> _Session:
-        slot = self.free_slots.popleft()
+        slot = self._slot()
         (in_r, in_w), (out_r, out_w) = os.pipe(), os.pipe()
         os.set_blocking(in_w, False)
         os.set_blocking(out_r, False)
