@@ -59,7 +59,7 @@ class _Call:
     data: dict[str, bytearray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     pidfd: int = -1
-    pid: int = 0  # as the worker sees it (for /proc and renice)
+    pid: int = 0  # as the worker sees it (for /proc and renice), once it is needed
     killed: str = ""
     demoted: bool = False
     next_check: float = 0.0
@@ -274,7 +274,7 @@ class Worker:
             pidfd = fds[0]
             if tag in self.calls:
                 call = self.calls[tag]
-                call.pidfd, call.pid = pidfd, _outer_pid(pidfd)
+                call.pidfd = pidfd  # its pid in our namespace is looked up if it runs long
                 if call.killed:
                     _signal(pidfd, signal.SIGKILL)
             elif tag in self.session_tags:
@@ -463,6 +463,11 @@ class Worker:
         Only a call that got at least half a core is demoted: one that is slow because the host
         is busy is left alone (demoting it would starve it into a false timeout).
         """
+        if not call.pid:
+            call.pid = _outer_pid(call.pidfd)
+        if call.pid <= 0:  # it has exited (fdinfo says -1): nothing to demote
+            call.demoted = True
+            return
         try:
             with open(f"/proc/{call.pid}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
@@ -485,7 +490,7 @@ class Worker:
             # was late (busy or descheduled), not the call.
             if now >= call.deadline and not call.killed and not _has_exited(call.pidfd):
                 self.kill(call, "timeout")
-            elif not call.demoted and call.pid and now >= call.next_check:
+            elif not call.demoted and call.pidfd >= 0 and now >= call.next_check:
                 self._maybe_demote(call, now)
             if not call.killed:
                 wake = min(wake, call.deadline, call.next_check if not call.demoted else wake)
