@@ -55,3 +55,35 @@ def test_every_evaluator_config_validates_with_each_engine(name, engine, tmp_pat
         assert built.max_num_seqs == VLLMEngineConfig().max_num_seqs  # rollout's default
     else:
         assert engine in ("auto", "hf") and isinstance(built, HFEngineConfig)
+
+
+def _requires_isolation(tool) -> bool:
+    """A backend that runs calls itself (local, child) must require every confinement;
+    remote servers and fusion endpoints are configured where they run."""
+    return getattr(tool, "kind", "") not in ("local", "child") or not tool.allow_weak_isolation
+
+
+@pytest.mark.parametrize("recipe", recipes())
+def test_every_trainer_recipe_requires_isolation(recipe):
+    """Issue 16 item 2: weak isolation only where a recipe says so, and none of ours does; in
+    cluster mode each node's `serve` gets no --allow-weak-isolation either."""
+    from rstar2_trainer.placement.cluster import _service_args
+
+    config = load_trainer_config(recipe)
+    assert _requires_isolation(config.tool), config.tool
+    assert config.sandbox.require_isolation
+    if config.cluster is not None:
+        assert "--allow-weak-isolation" not in _service_args(config, config.cluster)[0]
+
+
+@pytest.mark.parametrize("name", eval_configs())
+def test_every_evaluator_config_requires_isolation(name, tmp_path):
+    base = {"model.kind": "local", "model.path": str(tmp_path), "benchmark.name": "aime24"}
+    config = load_eval_config(name, base, [])
+    assert _requires_isolation(config.tool), config.tool
+    assert config.sandbox.require_isolation
+
+
+def test_weak_isolation_is_a_recipe_choice():
+    config = load_trainer_config("tiny", ["tool.kind=child", "tool.allow_weak_isolation=true"])
+    assert not _requires_isolation(config.tool)

@@ -29,6 +29,7 @@ from rstar2_trainer.placement.cluster import (
     ClusterConfig,
     ClusterError,
     VerifyPool,
+    _service_args,
     connect,
     engine_nodes,
     open_cluster_parts,
@@ -55,6 +56,7 @@ CLUSTER = ClusterConfig(
     services_host="127.0.0.1",
     engines_per_node=2,
     sandbox_workers=1,
+    sandbox_max_in_flight=2,
     verify_workers=1,
 )
 SMALL = [
@@ -115,6 +117,13 @@ def test_node_servers_start_answer_and_stop():
             async with SandboxClient([n["sandbox"] for n in nodes]) as sandbox:
                 result = await sandbox.execute(ExecutionRequest(code="print(6 * 7)"))
                 assert result.stdout.strip() == "42", result
+                # the node's sandbox runs cluster.sandbox_max_in_flight calls, queues the rest
+                nap = ExecutionRequest(code="import time\ntime.sleep(1.5)", timeout_s=10)
+                naps = asyncio.gather(*(sandbox.execute(nap) for _ in range(4)))
+                await asyncio.sleep(0.8)
+                (info,) = await sandbox.info()
+                assert (info.in_flight, info.queued) == (2, 2), info
+                assert all(r.status.value == "ok" for r in await naps)
             pool = VerifyPool([n["verify"] for n in nodes])
             grades = await pool.grade_many([("<answer>\\boxed{42}</answer>", "42"), ("7", "8")])
             await pool.close()
@@ -210,6 +219,28 @@ def test_engines_need_room_on_some_node():
             engine_nodes(ClusterConfig(engines_per_node=2, gpus_per_engine=1))
     finally:
         ray.shutdown()
+
+
+def test_every_node_sandbox_gets_the_recipes_workers_and_calls_in_flight():
+    """cluster.sandbox_workers and cluster.sandbox_max_in_flight reach each node's `serve`
+    (before, the node server ran 32 calls at once whatever its workers); the default is 16 per
+    worker, and a number the sandbox could not run is refused when the recipe loads."""
+    config = load_config("tiny")
+
+    def flags(cluster: ClusterConfig) -> dict[str, str]:
+        args = _service_args(config, cluster)[0]
+        return dict(zip(args[::2], args[1::2], strict=True))
+
+    assert (
+        flags(ClusterConfig(sandbox_workers=64, sandbox_max_in_flight=1024))["--max-in-flight"]
+        == "1024"
+    )
+    assert flags(ClusterConfig(sandbox_workers=8))["--max-in-flight"] == "128"
+    assert flags(ClusterConfig(sandbox_workers=8))["--workers"] == "8"
+    with pytest.raises(ValueError, match="uids per worker"):
+        ClusterConfig(sandbox_workers=1, sandbox_max_in_flight=4000)
+    cluster = load_config("qwen3-14b-mi300x").cluster
+    assert cluster is not None and flags(cluster)["--max-in-flight"] == "1024"
 
 
 @pytest.mark.parametrize("recipe", ["qwen3-14b-mi300x", "node-8gpu"])

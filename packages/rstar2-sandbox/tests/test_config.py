@@ -22,6 +22,8 @@ def test_inconsistent_settings_are_refused():
     with pytest.raises(ValidationError, match="default_timeout_s must not exceed"):
         SandboxConfig(default_timeout_s=10, max_timeout_s=5)
     with pytest.raises(ValidationError, match="at most 1000"):
-        SandboxConfig(max_in_flight=990, max_sessions=64)
+        SandboxConfig(workers=1, max_in_flight=990, max_sessions=64)
+    # the limit is per worker (each has 1000 uids): a node of the paper's scale validates
+    assert SandboxConfig(workers=64, max_in_flight=1024).max_in_flight == 1024
     with pytest.raises(ValidationError, match="go together"):
         ServerConfig(tls_cert_file="cert.pem")

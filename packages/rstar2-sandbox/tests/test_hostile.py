@@ -31,6 +31,7 @@ from rstar2_sandbox.client import SandboxClient
 
 S = ExecutionStatus
 SECRET = "hunter2-do-not-leak"
+SESSION_CPU_S = 3
 AS_NOBODY = Path(__file__).with_name("as_nobody.py")
 
 
@@ -70,6 +71,7 @@ def server(request):
         pytest.skip(why)
     env = {**os.environ, "RSTAR2_TEST_SECRET": SECRET}
     command = [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", "0", "--workers", "1"]
+    command += ["--session-cpu-s", str(SESSION_CPU_S)]  # small, so that its test is short
     if request.param == "nobody":
         command = [sys.executable, str(AS_NOBODY), *command]
     # stderr to a file, not a pipe: a full pipe would stall the server
@@ -322,6 +324,13 @@ def test_info_reports_every_confinement(runner, client):
     assert set(REQUIRED) <= set(info.confinements), info.unavailable
     assert info.warning == ""
     assert "cgroup" in info.unavailable  # no cgroup v2 delegation here: said, not claimed
+    v1 = {}  # controller -> its cgroup v1 hierarchy id (0: none), as the kernel lists them
+    with open("/proc/cgroups") as table:
+        for fields in (line.split() for line in table if not line.startswith("#")):
+            v1[fields[0]] = fields[1]
+    if v1.get("memory", "0") != "0":  # this host: memory is on a v1 hierarchy, so v2 lacks it
+        assert "no memory" in info.unavailable["cgroup"], info.unavailable["cgroup"]
+        assert "RLIMIT_AS" in info.unavailable["cgroup"]
 
 
 def test_the_host_is_out_of_sight(runner, client, server, workers, host_data):
@@ -464,6 +473,130 @@ def test_sessions_are_scoped_to_the_caller_and_frozen_between_cells(runner, clie
     assert burnt.status is S.OK and float(burnt.result_repr) < 0.5  # stopped while idle
 
 
+def test_tmp_is_the_calls_own(runner, client, server, workers):
+    """A call's /tmp (its cwd) is a tmpfs of its own: what it writes reaches neither the host's
+    /tmp nor the next call, so Info's `private_tmp` is true."""
+    name = f"rstar2-private-{os.getpid()}-{time.monotonic_ns()}"
+    write = f"open('/tmp/{name}', 'w').write('x')\nimport os\nprint(sorted(os.listdir('/tmp')))"
+    first = runner.run(client.execute(ExecutionRequest(code=write)))
+    assert first.status is S.OK and name in first.stdout, first.traceback
+    assert not os.path.exists(f"/tmp/{name}")  # not the host's /tmp
+    look = f"import os\nprint(os.path.exists('/tmp/{name}'), os.getcwd())"
+    second = runner.run(client.execute(ExecutionRequest(code=look)))
+    assert (second.status, second.stdout) == (S.OK, "False /tmp\n")  # gone with the call
+    _assert_clean_and_fast(runner, client, server, workers)
+
+
+def test_each_namespace_hides_its_part_of_the_host(runner, client, server, workers):
+    """Network, UTS and IPC namespaces, each seen on its own (seccomp would hide a missing
+    network namespace from a socket test): only a loopback interface, the hostname `sandbox`,
+    and none of the host's SysV objects (a segment this test creates on the host)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5EED0000 + os.getpid() % 0xFFFF
+    segment = libc.shmget(key, 4096, 0o1600)  # IPC_CREAT, owner-only
+    assert segment >= 0, os.strerror(ctypes.get_errno())
+    try:
+        with open("/proc/sysvipc/shm") as table:
+            assert any(line.split()[0] == str(key) for line in table.readlines()[1:])
+        code = (
+            "import socket\n"
+            "nets = [line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]]\n"
+            "keys = [line.split()[0] for line in open('/proc/sysvipc/shm').readlines()[1:]]\n"
+            "print(nets, socket.gethostname(), keys)"
+        )
+        r = runner.run(client.execute(ExecutionRequest(code=code)))
+    finally:
+        libc.shmctl(segment, 0, None)  # IPC_RMID
+    assert (r.status, r.stdout) == (S.OK, "['lo'] sandbox []\n"), r.traceback
+    _assert_clean_and_fast(runner, client, server, workers)
+
+
+def test_a_root_server_never_reuses_a_uid_at_once(runner, client, server):
+    """As root, each call runs as a uid of its own, and a freed uid goes to the back of the
+    line: consecutive calls never share one (as nobody every call is nobody: documented)."""
+    if server[0].args[1] == str(AS_NOBODY):
+        pytest.skip("an unprivileged server has one uid; calls are apart by namespaces only")
+    code = "import os\nprint(os.getuid(), os.getgid())"
+    uids = []
+    for _ in range(4):
+        r = runner.run(client.execute(ExecutionRequest(code=code)))
+        assert r.status is S.OK
+        uid, gid = map(int, r.stdout.split())
+        assert uid == gid and uid >= 61000
+        uids.append(uid)
+    assert len(set(uids)) == 4, uids
+
+
+def test_a_hostile_session_frame_resets_that_session_only(runner, client, server, workers):
+    """A session cell writes a huge frame header to its report pipe: that session is reset with
+    a sandbox-side message; a call in flight on the same worker and the worker are unaffected."""
+
+    async def scenario():
+        await client.execute(ExecutionRequest(code="x = 1", session_id="forger"))
+        sibling = asyncio.create_task(
+            client.execute(ExecutionRequest(code="import time\ntime.sleep(0.5)\nprint('fine')"))
+        )
+        forged = "import os\nos.write(4, b'\\xff\\xff\\xff\\xff' + b'x' * 64)\nimport time\ntime.sleep(5)"
+        hostile = await client.execute(
+            ExecutionRequest(code=forged, session_id="forger", timeout_s=10)
+        )
+        after = await client.execute(ExecutionRequest(code="x", session_id="forger"))
+        await client.close_session("forger")
+        return hostile, await sibling, after
+
+    hostile, sibling, after = runner.run(scenario())
+    assert hostile.status is S.SANDBOX_ERROR and "malformed report" in hostile.message
+    assert (sibling.status, sibling.stdout) == (S.OK, "fine\n")
+    assert after.status is S.ERROR and "NameError" in after.traceback  # a fresh session
+    _assert_clean_and_fast(runner, client, server, workers)
+
+
+def test_closing_a_busy_session_does_not_wait_for_it(runner, client, server, workers):
+    async def scenario():
+        stuck = asyncio.create_task(
+            client.execute(
+                ExecutionRequest(
+                    code="import time\ntime.sleep(30)", session_id="busy", timeout_s=40
+                )
+            )
+        )
+        await asyncio.sleep(1.0)
+        start = time.monotonic()
+        closed = await client.close_session("busy")
+        closing = time.monotonic() - start
+        answer = await asyncio.wait_for(stuck, 5)
+        return closed, closing, answer
+
+    closed, closing, answer = runner.run(scenario())
+    assert closed is True and closing < 1.0
+    assert answer.status is S.ERROR and "was closed" in answer.message
+    _assert_clean_and_fast(runner, client, server, workers)
+
+
+def test_a_session_has_a_cumulative_cpu_budget_on_the_server(runner, client, server, workers):
+    """The server's --session-cpu-s is the whole session's CPU, not each cell's: two cells of
+    60 % of it each, and the second ends as a timeout naming the budget (not a crash)."""
+    burn = (
+        "import time\nt = time.process_time()\n"
+        f"while time.process_time() - t < {0.6 * SESSION_CPU_S}: pass"
+    )
+
+    async def scenario():
+        first = await client.execute(ExecutionRequest(code=burn, session_id="burner", timeout_s=20))
+        second = await client.execute(
+            ExecutionRequest(code=burn, session_id="burner", timeout_s=20)
+        )
+        await client.close_session("burner")
+        return first, second
+
+    first, second = runner.run(scenario())
+    assert first.status is S.OK
+    assert second.status is S.TIMEOUT and "CPU budget" in second.message, second.message
+    _assert_clean_and_fast(runner, client, server, workers)
+
+
 def test_limits_are_the_servers(server):
     with grpc.insecure_channel(server[1]) as channel:
         stub = pb_grpc.SandboxServiceStub(channel)
@@ -476,6 +609,10 @@ def test_limits_are_the_servers(server):
                 stub.Execute(message, timeout=10)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
             assert f"{field} {value} exceeds the server's maximum" in info.value.details()  # type: ignore[attr-defined]
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Execute(pb.ExecuteRequest(code="1", timeout_s=1e6), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert "timeout_s 1000000.0 exceeds the maximum" in info.value.details()  # type: ignore[attr-defined]
         smaller = stub.Execute(pb.ExecuteRequest(code="print('z' * 100)", max_output_bytes=10))
         assert smaller.status == pb.STATUS_OUTPUT_TRUNCATED
 

@@ -380,10 +380,22 @@ class ClusterConfig(BaseModel):
         default=False, description="Training ranks recompute each block in backward."
     )
     sandbox_workers: int = Field(default=8, gt=0, description="Sandbox workers on each node.")
+    sandbox_max_in_flight: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tool calls running at once on each node's sandbox (the paper: about 1,024); "
+        "None: 16 per sandbox worker.",
+    )
     verify_workers: int = Field(default=2, gt=0, description="Verify workers on each node.")
     start_timeout_s: float = Field(
         default=900.0, gt=0, description="Limit for servers and engines to come up."
     )
+
+    @model_validator(mode="after")
+    def _sandbox_fits_its_workers(self) -> ClusterConfig:
+        if self.sandbox_max_in_flight is not None:  # the sandbox's own rule, said at load
+            SandboxConfig(workers=self.sandbox_workers, max_in_flight=self.sandbox_max_in_flight)
+        return self
 
     @model_validator(mode="after")
     def _train_workers_need_their_own_gpus(self) -> ClusterConfig:

@@ -59,7 +59,7 @@ class _Call:
     data: dict[str, bytearray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     pidfd: int = -1
-    pid: int = 0  # as the worker sees it (for /proc and renice)
+    pid: int = 0  # as the worker sees it (for /proc and renice), once it is needed
     killed: str = ""
     demoted: bool = False
     next_check: float = 0.0
@@ -162,8 +162,14 @@ class Worker:
         )
 
     # --- one-shot calls ---------------------------------------------------------------------
+    def _slot(self) -> int:
+        """A free uid slot; OSError (this call's sandbox_error) when every one is taken."""
+        if not self.free_slots:
+            raise OSError(f"all {_UID_SLOTS} call slots of this worker are taken")
+        return self.free_slots.popleft()
+
     def start_call(self, msg: dict[str, Any]) -> None:
-        slot = self.free_slots.popleft()
+        slot = self._slot()
         tag = next(self.tags)
         started = time.monotonic()
         call = _Call(
@@ -268,7 +274,7 @@ class Worker:
             pidfd = fds[0]
             if tag in self.calls:
                 call = self.calls[tag]
-                call.pidfd, call.pid = pidfd, _outer_pid(pidfd)
+                call.pidfd = pidfd  # its pid in our namespace is looked up if it runs long
                 if call.killed:
                     _signal(pidfd, signal.SIGKILL)
             elif tag in self.session_tags:
@@ -290,7 +296,7 @@ class Worker:
 
     # --- sessions -------------------------------------------------------------------------
     def _open_session(self, name: str, memory: int) -> _Session:
-        slot = self.free_slots.popleft()
+        slot = self._slot()
         (in_r, in_w), (out_r, out_w) = os.pipe(), os.pipe()
         os.set_blocking(in_w, False)
         os.set_blocking(out_r, False)
@@ -457,6 +463,11 @@ class Worker:
         Only a call that got at least half a core is demoted: one that is slow because the host
         is busy is left alone (demoting it would starve it into a false timeout).
         """
+        if not call.pid:
+            call.pid = _outer_pid(call.pidfd)
+        if call.pid <= 0:  # it has exited (fdinfo says -1): nothing to demote
+            call.demoted = True
+            return
         try:
             with open(f"/proc/{call.pid}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
@@ -479,7 +490,7 @@ class Worker:
             # was late (busy or descheduled), not the call.
             if now >= call.deadline and not call.killed and not _has_exited(call.pidfd):
                 self.kill(call, "timeout")
-            elif not call.demoted and call.pid and now >= call.next_check:
+            elif not call.demoted and call.pidfd >= 0 and now >= call.next_check:
                 self._maybe_demote(call, now)
             if not call.killed:
                 wake = min(wake, call.deadline, call.next_check if not call.demoted else wake)
@@ -549,10 +560,36 @@ class Worker:
                     self.finish_call(message["tag"], message["status"], message["cpu_s"])
 
 
-def _cgroup_reason() -> str:
-    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        return "no cgroup v2 here (v1 or hybrid hierarchy); memory is bounded by RLIMIT_AS"
-    return "cgroup v2 limits are not used yet; memory is bounded by RLIMIT_AS"
+def cgroup_reason(mountinfo: str = "/proc/self/mountinfo") -> str:
+    """Why there are no per-worker cgroup limits on this host, in one line for `Info`."""
+    fallback = "memory is bounded by RLIMIT_AS, processes by seccomp (no fork)"
+    roots = []
+    with contextlib.suppress(OSError), open(mountinfo) as mounts:
+        for line in mounts:
+            before, _, after = line.partition(" - ")
+            if after.startswith("cgroup2 "):
+                roots.append(before.split()[4])
+    if not roots:
+        return f"no cgroup v2 hierarchy is mounted (cgroup v1 only); {fallback}"
+    offered: set[str] = set()
+    for root in roots:
+        with contextlib.suppress(OSError), open(f"{root}/cgroup.controllers") as controllers:
+            offered |= set(controllers.read().split())
+    missing = sorted({"memory", "pids"} - offered)
+    if missing:
+        v1 = set()  # /proc/cgroups: name, hierarchy id (0: not on a v1 hierarchy), ...
+        with contextlib.suppress(OSError, IndexError), open("/proc/cgroups") as table:
+            v1 = {
+                f[0]
+                for f in (line.split() for line in table)
+                if f[0] != "#subsys_name" and f[1] != "0"
+            }
+        why = " (bound to cgroup v1 hierarchies)" if set(missing) <= v1 else ""
+        return (
+            f"cgroup v2 ({', '.join(roots)}) offers no {' or '.join(missing)} controller"
+            f"{why}; {fallback}"
+        )
+    return f"per-worker memory.max and pids.max are not built yet; {fallback}"
 
 
 def main() -> None:
@@ -588,7 +625,7 @@ def main() -> None:
     if received is None:
         sys.exit(1)
     ready = received[0]
-    ready["unavailable"]["cgroup"] = _cgroup_reason()
+    ready["unavailable"]["cgroup"] = cgroup_reason()
     worker = Worker(config, ours)
     worker.send(ready | {"pid": os.getpid(), "zygote": pid})
     try:

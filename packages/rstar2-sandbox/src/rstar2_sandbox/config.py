@@ -68,7 +68,9 @@ class SandboxConfig(BaseModel):
     max_code_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted source.")
     max_stdin_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted stdin.")
     max_in_flight: int = Field(
-        default=32, gt=0, description="Children running at once over all workers."
+        default=32,
+        gt=0,
+        description="Children running at once over all workers (a worker runs at most 1000).",
     )
     max_queue: int = Field(
         default=4096, ge=0, description="Calls waiting for a free slot; beyond it, refused."
@@ -119,8 +121,11 @@ class SandboxConfig(BaseModel):
     def _timeouts_ordered(self) -> SandboxConfig:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
-        if self.max_in_flight + self.max_sessions > 1000:
-            raise ValueError("max_in_flight + max_sessions must be at most 1000 (uids per worker)")
+        per_worker = -(-self.max_in_flight // self.workers)  # calls go to the least busy worker
+        if per_worker + self.max_sessions > 1000:
+            raise ValueError(
+                "max_in_flight / workers + max_sessions must be at most 1000 (uids per worker)"
+            )
         return self
 
 

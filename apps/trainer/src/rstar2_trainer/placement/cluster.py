@@ -262,8 +262,10 @@ class VerifyPool:
 
 def _service_args(config: TrainerConfig, cluster: ClusterConfig) -> tuple[list[str], list[str]]:
     limits = config.sandbox
+    in_flight = cluster.sandbox_max_in_flight or 16 * cluster.sandbox_workers
     sandbox = [
         *("--workers", str(cluster.sandbox_workers)),
+        *("--max-in-flight", str(in_flight)),
         *("--timeout", str(limits.default_timeout_s)),
         *("--memory-mb", str(max(1, limits.memory_bytes >> 20))),
         *("--max-output-bytes", str(limits.max_output_bytes)),
