@@ -117,3 +117,30 @@ def test_rl_runs_evaluate_on_the_sft_runs_held_out_set_with_more_samples_if_aske
     more = bench.held_out_of_sft(tmp_path, 16)
     assert "eval.benchmark.samples=16" in more
     assert [o for o in more if "samples" not in o] == [o for o in same if "samples" not in o]
+
+
+def test_tool_errors_vs_outcome_reads_eval_samples(tmp_path):
+    """bench/tool_errors_vs_outcome.py on an rstar2-eval samples.jsonl: the two conditional
+    accuracies and the share of correct trajectories that kept a failed call."""
+    spec = importlib.util.spec_from_file_location(
+        "tool_errors_vs_outcome", REPO / "bench" / "tool_errors_vs_outcome.py"
+    )
+    assert spec is not None and spec.loader is not None
+    diag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diag)
+    rows = [
+        {"correct": True, "tool_calls": {"ok": 1}, "finish_reason": "answered"},
+        {"correct": True, "tool_calls": {"error": 1, "ok": 1}, "finish_reason": "answered"},
+        {"correct": False, "tool_calls": {"timeout": 1}, "finish_reason": "answered"},
+        {"correct": False, "tool_calls": {"parse_error": 2}, "finish_reason": "max_length"},
+        {"correct": False, "tool_calls": {}, "finish_reason": "no_tool_call"},
+    ]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = diag.summarise([json.loads(line) for line in path.read_text().splitlines()])
+    assert r["with_failed_call"] == 3
+    assert r["p_correct_with_failed_call"] == pytest.approx(1 / 3)
+    assert r["p_correct_clean"] == pytest.approx(1 / 2)
+    assert r["correct_with_failed_call_share"] == pytest.approx(1 / 2)
+    assert r["tool_error_ratio_in_correct"] == pytest.approx(1 / 3)  # 1 failed of 3 calls
+    assert r["finish"] == {"answered": 3, "max_length": 1, "no_tool_call": 1}
