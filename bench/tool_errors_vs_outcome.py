@@ -58,7 +58,7 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Do failed tool calls predict a wrong answer?")
     parser.add_argument("samples", type=Path, nargs="+", help="rstar2-eval's samples.jsonl")
     args = parser.parse_args()
     for path in args.samples:
