@@ -86,8 +86,14 @@ class Placement:
         """Reorder the queue in place before jobs are offered (default: FIFO, untouched)."""
 
     def fits(self, reserve_tokens: int) -> bool:
-        """Whether some live engine could ever run a job of this worst-case size."""
-        return any(s.alive for s in self.pool.slots)
+        """Whether some live engine could ever run a job of this worst-case size: one whose whole
+        KV cache holds it (an engine that reports no capacity is taken at its word). The engine
+        admits and preempts by itself, but a job bigger than its cache never finishes."""
+        for slot in self.alive():
+            cap = self.pool.capacity(slot)
+            if cap is None or reserve_tokens <= cap.total_tokens:
+                return True
+        return False
 
     def too_large(self, entry: Entry) -> str:
         return (
