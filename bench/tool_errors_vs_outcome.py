@@ -8,8 +8,8 @@ had a failed call) against P(correct | every call ran), and the share of correct
 with a failed call. When failed calls mostly end in wrong answers, GRPO's negative advantages
 already push them down and RoC has little left to remove.
 
-A failed call is a tool call whose status is `error`, `timeout` or `parse_error` (the statuses
-the rollout counts as the model's tool errors).
+A failed call is a tool call whose status is not `ok` (`error`, `timeout`, `parse_error`), as
+rstar2-eval's `tool_error_ratio` counts them.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-FAILED = ("error", "timeout", "parse_error")
-
-
-def failed_calls(sample: dict[str, Any]) -> int:
-    return sum(n for status, n in (sample.get("tool_calls") or {}).items() if status in FAILED)
-
 
 def all_calls(sample: dict[str, Any]) -> int:
     return sum((sample.get("tool_calls") or {}).values())
+
+
+def failed_calls(sample: dict[str, Any]) -> int:
+    return all_calls(sample) - (sample.get("tool_calls") or {}).get("ok", 0)
 
 
 def share(part: int, whole: int) -> float:
