@@ -189,9 +189,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from rstar2_rollout.tiny import build_tiny_model
-    from rstar2_trainer.config import ClusterConfig, load_config
+    from rstar2_trainer.config import load_config
     from rstar2_trainer.placement import cluster as cluster_mode
     from rstar2_trainer.placement import engine_actor as actor_module
+    from rstar2_trainer.placement.config import ClusterConfig
 
     folder = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]

@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
-from rstar2_trainer.config import ClusterConfig, TrainerConfig
+from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.placement.config import ClusterConfig
 from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
 from rstar2_trainer.placement.servers import RunToken
 from rstar2_trainer.verifier import Scorer, Verifier

@@ -34,7 +34,7 @@ from typing import Any
 from rstar2_rollout import Problem as RolloutProblem
 from rstar2_rollout import RolloutClient, RolloutError, RolloutSampling, WorkerResult
 from rstar2_rollout.weights import to_safetensors
-from rstar2_trainer.config import RemoteRolloutConfig
+from rstar2_trainer.placement.config import RemoteRolloutConfig
 from rstar2_trainer.placement.servers import ServerError, read_service_token
 
 

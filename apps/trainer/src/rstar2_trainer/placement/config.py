@@ -1,0 +1,109 @@
+"""The placement sections of `TrainerConfig`: a Ray cluster (`cluster:`) and remote rollout
+workers (`remote:`). Only the schemas; `cluster` and `remote` in this package act on them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rstar2_sandbox import SandboxConfig
+
+
+class ClusterConfig(BaseModel):
+    """Where the run's parts are placed on a Ray cluster."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["ray"] = Field(default="ray", description="The cluster kind (only Ray).")
+    address: str | None = Field(
+        default=None, description="Ray address ('auto', 'host:6379'); None: start a local cluster."
+    )
+    num_cpus: int | None = Field(
+        default=None, gt=0, description="CPUs of a local cluster (None: all); ignored when joining."
+    )
+    services_host: str | None = Field(
+        default=None,
+        description="IP the per-node servers bind to; None: each node's IP (127.0.0.1: one box).",
+    )
+    namespace: str = Field(default="rstar2", description="Ray namespace of the run's actors.")
+    engines_per_node: int = Field(
+        default=1, gt=0, description="vLLM engine actors on each node that has room for them."
+    )
+    gpus_per_engine: int = Field(
+        default=0, ge=0, description="GPUs of one engine (its tensor-parallel size); 0: CPU vLLM."
+    )
+    cpus_per_engine: float = Field(default=1.0, ge=0, description="Ray CPUs one engine holds.")
+    engine_threads: int = Field(default=1, gt=0, description="torch threads of an engine actor.")
+    colocate: bool = Field(
+        default=False, description="Engines share GPUs with training and sleep during updates."
+    )
+    sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description="Colocated sleep: 1 offloads engine weights to host RAM, 2 drops them.",
+    )
+    train_workers: int = Field(
+        default=0,
+        ge=0,
+        description="FSDP2 ranks (Ray actors) the RL update runs on; 0: the driver trains alone.",
+    )
+    gpus_per_train_worker: int = Field(
+        default=0, ge=0, le=1, description="GPUs of one training rank; 0: CPU ranks over gloo."
+    )
+    cpus_per_train_worker: float = Field(
+        default=1.0, ge=0, description="Ray CPUs one training rank holds."
+    )
+    train_threads: int = Field(default=1, gt=0, description="torch threads of a training rank.")
+    activation_checkpointing: bool = Field(
+        default=False, description="Training ranks recompute each block in backward."
+    )
+    sandbox_workers: int = Field(default=8, gt=0, description="Sandbox workers on each node.")
+    sandbox_max_in_flight: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tool calls running at once on each node's sandbox (the paper: about 1,024); "
+        "None: 16 per sandbox worker.",
+    )
+    verify_workers: int = Field(default=2, gt=0, description="Verify workers on each node.")
+    start_timeout_s: float = Field(
+        default=900.0, gt=0, description="Limit for servers and engines to come up."
+    )
+
+    @model_validator(mode="after")
+    def _sandbox_fits_its_workers(self) -> ClusterConfig:
+        if self.sandbox_max_in_flight is not None:  # the sandbox's own rule, said at load
+            SandboxConfig(workers=self.sandbox_workers, max_in_flight=self.sandbox_max_in_flight)
+        return self
+
+    @model_validator(mode="after")
+    def _train_workers_need_their_own_gpus(self) -> ClusterConfig:
+        if self.train_workers and self.colocate:
+            raise ValueError(
+                "training workers cannot share GPUs with colocated engines yet; set "
+                "cluster.colocate: false (workers on GPUs of their own) or cluster.train_workers: 0"
+            )
+        return self
+
+
+class RemoteRolloutConfig(BaseModel):
+    """Rollouts on `rstar2-rollout serve` workers on other machines (apps/trainer/README.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: list[str] = Field(
+        min_length=1, description="host:port of each rollout worker; problems spread over them."
+    )
+    connect_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long to wait for a worker to answer at start-up."
+    )
+    chunk_bytes: int = Field(
+        default=4 << 20, gt=0, le=32 << 20, description="Piece size of the weight-update stream."
+    )
+    in_flight_per_engine: int = Field(
+        default=4,
+        gt=0,
+        description="Problems a worker runs at once per healthy engine; more wait in one queue.",
+    )
+    token_file: str | None = Field(
+        default=None, description="Token file (0600) the workers were started with (--token-file)."
+    )
