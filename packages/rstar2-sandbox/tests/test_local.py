@@ -325,7 +325,7 @@ def test_every_call_gets_its_own_output_when_calls_end_together(runner):
 def test_the_cgroup_reason_names_what_the_host_lacks(tmp_path):
     """Info's one line on cgroups, from the host's mount table: no v2 at all, or a v2 whose
     memory and pids controllers are not offered (what this host has: they sit on v1)."""
-    from rstar2_sandbox._worker import cgroup_reason
+    from rstar2_sandbox._confine import cgroup_reason
 
     v1_only = tmp_path / "v1"
     v1_only.write_text("30 24 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")

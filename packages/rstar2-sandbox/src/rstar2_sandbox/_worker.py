@@ -43,7 +43,6 @@ from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
 _CHUNK = 1 << 16
 _UID_SLOTS = 1000
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_LIBC_PRCTL_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
 
@@ -560,38 +559,6 @@ class Worker:
                     self.finish_call(message["tag"], message["status"], message["cpu_s"])
 
 
-def cgroup_reason(mountinfo: str = "/proc/self/mountinfo") -> str:
-    """Why there are no per-worker cgroup limits on this host, in one line for `Info`."""
-    fallback = "memory is bounded by RLIMIT_AS, processes by seccomp (no fork)"
-    roots = []
-    with contextlib.suppress(OSError), open(mountinfo) as mounts:
-        for line in mounts:
-            before, _, after = line.partition(" - ")
-            if after.startswith("cgroup2 "):
-                roots.append(before.split()[4])
-    if not roots:
-        return f"no cgroup v2 hierarchy is mounted (cgroup v1 only); {fallback}"
-    offered: set[str] = set()
-    for root in roots:
-        with contextlib.suppress(OSError), open(f"{root}/cgroup.controllers") as controllers:
-            offered |= set(controllers.read().split())
-    missing = sorted({"memory", "pids"} - offered)
-    if missing:
-        v1 = set()  # /proc/cgroups: name, hierarchy id (0: not on a v1 hierarchy), ...
-        with contextlib.suppress(OSError, IndexError), open("/proc/cgroups") as table:
-            v1 = {
-                f[0]
-                for f in (line.split() for line in table)
-                if f[0] != "#subsys_name" and f[1] != "0"
-            }
-        why = " (bound to cgroup v1 hierarchies)" if set(missing) <= v1 else ""
-        return (
-            f"cgroup v2 ({', '.join(roots)}) offers no {' or '.join(missing)} controller"
-            f"{why}; {fallback}"
-        )
-    return f"per-worker memory.max and pids.max are not built yet; {fallback}"
-
-
 def main() -> None:
     """Entry point: read the config frame, enter the namespaces, start the zygote, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
@@ -603,29 +570,12 @@ def main() -> None:
     conf = _confine.Confinements()
     _confine.enter_worker_namespaces(conf)
     _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # after writing our uid map
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:  # the zygote
-        try:
-            ours.close()
-            _confine._LIBC.prctl(_LIBC_PRCTL_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            # Not dumpable: a call of the same uid cannot read or write the zygote's memory.
-            _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-            null = os.open("/dev/null", os.O_RDWR)
-            os.dup2(null, 0)
-            os.dup2(null, 1)
-            os.close(null)
-            _zygote.main(theirs, config, index, conf)
-        except BaseException:
-            traceback.print_exc()
-            os._exit(70)
-        os._exit(0)
-    theirs.close()
+    ours, pid = _zygote.start(config, index, conf)
     received = _zygote.receive(ours)
     if received is None:
         sys.exit(1)
     ready = received[0]
-    ready["unavailable"]["cgroup"] = cgroup_reason()
+    ready["unavailable"]["cgroup"] = _confine.cgroup_reason()
     worker = Worker(config, ours)
     worker.send(ready | {"pid": os.getpid(), "zygote": pid})
     try:

@@ -1,16 +1,16 @@
 """The zygote: pid 1 of the worker's pid namespace, the clean process every call is forked from.
 
-Contract. The worker forks the zygote right after entering its namespaces. The zygote builds its
-read-only root (`_confine.build_root`), pre-imports the maths stack, runs the warm-up, freezes the
-GC, tries the per-call confinement once in a throwaway child, and says `ready` on its socket (a
-SOCK_SEQPACKET pair with the worker). Then it only forks: each `fork` message carries the call's
-descriptors (SCM_RIGHTS: memfds holding the code and stdin, the output and result pipes, or a
-session's pipes) and its limits, never the code itself, so the zygote holds no request data and a
-call cannot find another call's code, stdin or output in its inherited memory. It answers
-`started` with a pidfd of the child (the worker kills and renices through it), reaps every child
-and reports `exited` with the wait status and the CPU time. When the worker goes away (its end of
-the socket closes, or PR_SET_PDEATHSIG fires) the zygote exits, and as pid 1 of the namespace
-takes every call with it: no call can outlive its worker, whatever it does to its own signals.
+Contract. The worker forks the zygote (`start`) right after entering its namespaces. The zygote
+builds its read-only root (`_confine.build_root`), pre-imports the maths stack, runs the warm-up,
+freezes the GC, tries the per-call confinement once in a throwaway child, and says `ready` on its
+socket (a SOCK_SEQPACKET pair with the worker). Then it only forks: each `fork` message carries the
+call's descriptors (SCM_RIGHTS: memfds holding the code and stdin, the output and result pipes, or
+a session's pipes) and its limits, never the code itself, so the zygote holds no request data and a
+call cannot find another call's code, stdin or output in its inherited memory. It answers `started`
+with a pidfd of the child (the worker kills and renices through it), reaps every child and reports
+`exited` with the wait status and the CPU time. When the worker goes away (its end of the socket
+closes, or PR_SET_PDEATHSIG fires) the zygote exits, and as pid 1 of the namespace takes every call
+with it: no call can outlive its worker, whatever it does to its own signals.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import selectors
 import signal
 import socket
+import traceback
 from typing import Any
 
 from rstar2_sandbox import _child, _confine, _seccomp
@@ -35,6 +36,8 @@ _UID_SLOTS = 1000
 _MADV_COLLAPSE = 25  # Linux 6.1
 _HUGE = 1 << 21
 _RECOLLAPSE_EVERY = 256  # forks; the zygote's own writes split huge pages its calls still share
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
@@ -287,3 +290,29 @@ def main(sock: socket.socket, config: dict[str, Any], index: int, conf: _confine
         },
     )
     zygote.serve()
+
+
+def start(
+    config: dict[str, Any], index: int, conf: _confine.Confinements
+) -> tuple[socket.socket, int]:
+    """Fork the zygote (pid 1 of the worker's new pid namespace): the worker's end of the socket
+    and the zygote's pid. The zygote dies with the worker (PR_SET_PDEATHSIG) and is not dumpable,
+    so a call of the same uid can neither read nor write its memory."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.close(null)
+            main(theirs, config, index, conf)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(70)
+        os._exit(0)
+    theirs.close()
+    return ours, pid
