@@ -4,6 +4,9 @@ Every test runs twice: against a server started as root, and against one started
 (through `as_nobody.py`). Both are started with the defaults, so isolation is required: a server
 that could not confine calls completely would refuse to start. Each case must get a clear status,
 leave no process behind, and leave the server serving the next request at full speed.
+
+One module on purpose (over 600 lines): every threat runs against the same two module-scoped
+servers, and a second module would start both again.
 """
 
 from __future__ import annotations
