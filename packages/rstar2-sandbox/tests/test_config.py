@@ -27,3 +27,14 @@ def test_inconsistent_settings_are_refused():
     assert SandboxConfig(workers=64, max_in_flight=1024).max_in_flight == 1024
     with pytest.raises(ValidationError, match="go together"):
         ServerConfig(tls_cert_file="cert.pem")
+
+
+def test_cgroup_limits_cover_what_a_worker_may_hold():
+    """A worker's share of the calls in flight (the least busy worker gets the next call),
+    each with its address-space headroom and its /tmp, plus 1 GiB for the worker, zygote and
+    sessions; 64 tasks per call or session it may hold. Explicit values win."""
+    config = SandboxConfig(workers=3, max_in_flight=8, max_sessions=2)
+    per_call = config.memory_bytes + config.tmpfs_bytes
+    assert config.cgroup_limits() == {"memory.max": 3 * per_call + (1 << 30), "pids.max": 336}
+    config = SandboxConfig(worker_memory_bytes=1 << 31, worker_pids=100)
+    assert config.cgroup_limits() == {"memory.max": 1 << 31, "pids.max": 100}

@@ -320,22 +320,3 @@ def test_every_call_gets_its_own_output_when_calls_end_together(runner):
             burner.kill()
             burner.wait()
         runner.run(sb.close())
-
-
-def test_the_cgroup_reason_names_what_the_host_lacks(tmp_path):
-    """Info's one line on cgroups, from the host's mount table: no v2 at all, or a v2 whose
-    memory and pids controllers are not offered (what this host has: they sit on v1)."""
-    from rstar2_sandbox._confine import cgroup_reason
-
-    v1_only = tmp_path / "v1"
-    v1_only.write_text("30 24 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")
-    assert cgroup_reason(str(v1_only)).startswith("no cgroup v2 hierarchy is mounted")
-    root = tmp_path / "unified"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("hugetlb\n")
-    hybrid = tmp_path / "hybrid"
-    hybrid.write_text(f"35 24 0:30 / {root} rw,relatime - cgroup2 cgroup2 rw\n")
-    reason = cgroup_reason(str(hybrid))
-    assert f"cgroup v2 ({root}) offers no memory or pids controller" in reason
-    (root / "cgroup.controllers").write_text("cpu memory pids\n")
-    assert "not built yet" in cgroup_reason(str(hybrid))

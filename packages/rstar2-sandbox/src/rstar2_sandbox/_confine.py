@@ -13,15 +13,16 @@ nothing is skipped silently):
   interpreter's prefix, the virtualenv and the import directories (all bound read-only, nosuid,
   nodev), a minimal /dev (null, zero, full, random, urandom), a fresh /proc of the zygote's pid
   namespace and an empty /tmp; then pivot_root and the host's tree is detached.
-- `confine_call` (each forked call): own session and process group, parent-death signal, a
+- `confine_call` (each forked call): own session and process group, parent-death signal, first in
+  line for the OOM killer (so a full worker cgroup loses a call, not its zygote or worker), a
   private mount namespace with its own tmpfs on /tmp as working directory (gone with the call),
   rlimits, a uid of its own when the server is root, every capability dropped (bounding set
   included), not dumpable (no /proc/<pid>/mem, environ, fd for anyone else), and last the seccomp
   filter of `_seccomp`.
 
-Not covered: cgroups. `cgroup_reason` says in `Info` what the host lacks for per-worker limits (on
-this host memory and pids are on cgroup v1 hierarchies, so its cgroup v2 offers neither); memory
-is bounded by RLIMIT_AS and the call's tmpfs size, CPU by rlimits and the wall clock.
+Not covered: cgroups (the server puts each worker in a cgroup of its own where the host delegates
+cgroup v2, `_cgroup`; elsewhere memory is bounded by RLIMIT_AS and the call's tmpfs size, CPU by
+rlimits and the wall clock).
 """
 
 from __future__ import annotations
@@ -357,6 +358,8 @@ def confine_call(
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(70)
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
+        adj.write("1000")  # out of memory in a worker's cgroup: the kernel takes a call first
     if private_tmp:
         _unshare(_CLONE_NEWNS)
         held = [(tree, os.open(tree, os.O_PATH | os.O_DIRECTORY)) for tree in UNDER_TMP]
@@ -387,35 +390,3 @@ def confine_call(
     _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     if seccomp:
         _seccomp.install_filter()
-
-
-def cgroup_reason(mountinfo: str = "/proc/self/mountinfo") -> str:
-    """Why there are no per-worker cgroup limits on this host, in one line for `Info`."""
-    fallback = "memory is bounded by RLIMIT_AS, processes by seccomp (no fork)"
-    roots = []
-    with contextlib.suppress(OSError), open(mountinfo) as mounts:
-        for line in mounts:
-            before, _, after = line.partition(" - ")
-            if after.startswith("cgroup2 "):
-                roots.append(before.split()[4])
-    if not roots:
-        return f"no cgroup v2 hierarchy is mounted (cgroup v1 only); {fallback}"
-    offered: set[str] = set()
-    for root in roots:
-        with contextlib.suppress(OSError), open(f"{root}/cgroup.controllers") as controllers:
-            offered |= set(controllers.read().split())
-    missing = sorted({"memory", "pids"} - offered)
-    if missing:
-        v1 = set()  # /proc/cgroups: name, hierarchy id (0: not on a v1 hierarchy), ...
-        with contextlib.suppress(OSError, IndexError), open("/proc/cgroups") as table:
-            v1 = {
-                f[0]
-                for f in (line.split() for line in table)
-                if f[0] != "#subsys_name" and f[1] != "0"
-            }
-        why = " (bound to cgroup v1 hierarchies)" if set(missing) <= v1 else ""
-        return (
-            f"cgroup v2 ({', '.join(roots)}) offers no {' or '.join(missing)} controller"
-            f"{why}; {fallback}"
-        )
-    return f"per-worker memory.max and pids.max are not built yet; {fallback}"

@@ -16,7 +16,7 @@ call with a sandbox-side `error` instead of ending the worker. Sessions are call
 cells, one cell at a time, stopped (SIGSTOP) between cells, with a cumulative CPU budget
 (RLIMIT_CPU); closing one never waits for it.
 
-Not covered: admission and queueing (the parent's `LocalSandbox` does that) and cgroups.
+Not covered: admission and queueing, and cgroups (the parent's `LocalSandbox` does both).
 """
 
 from __future__ import annotations
@@ -575,7 +575,6 @@ def main() -> None:
     if received is None:
         sys.exit(1)
     ready = received[0]
-    ready["unavailable"]["cgroup"] = _confine.cgroup_reason()
     worker = Worker(config, ours)
     worker.send(ready | {"pid": os.getpid(), "zygote": pid})
     try:

@@ -95,6 +95,19 @@ class SandboxConfig(BaseModel):
     demote_after_s: float = Field(
         default=0.25, ge=0, description="A call running longer is reniced so short ones go first."
     )
+    worker_memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="cgroup v2 memory.max of one worker with its zygote, sessions and calls, "
+        "where the host delegates cgroups; None: its share of max_in_flight x (memory_bytes + "
+        "tmpfs_bytes) + 1 GiB.",
+    )
+    worker_pids: int | None = Field(
+        default=None,
+        gt=0,
+        description="cgroup v2 pids.max (processes and threads) of one worker; None: 64 per call "
+        "it may hold (its share of max_in_flight, plus max_sessions) + 16.",
+    )
     uid_base: int = Field(
         default=61000,
         ge=1000,
@@ -116,6 +129,16 @@ class SandboxConfig(BaseModel):
         default=DEFAULT_WARMUP,
         description="Run once per worker after the imports (empty: none); failures are logged.",
     )
+
+    def cgroup_limits(self) -> dict[str, int | None]:
+        """The cgroup v2 limits of one worker (`_cgroup.WorkerCgroups`)."""
+        per_worker = -(-self.max_in_flight // self.workers)
+        memory = per_worker * (self.memory_bytes + self.tmpfs_bytes) + (1 << 30)
+        pids = 64 * (per_worker + self.max_sessions) + 16
+        return {
+            "memory.max": self.worker_memory_bytes or memory,
+            "pids.max": self.worker_pids or pids,
+        }
 
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> SandboxConfig:

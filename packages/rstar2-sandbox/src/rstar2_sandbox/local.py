@@ -13,7 +13,9 @@ restarted and its calls are answered with `sandbox_error` (the sandbox's failure
 code's). A cancelled caller kills its child. `run` raises `RequestError` / `SandboxBusyError` for
 the server to map to gRPC codes; `execute` turns a bad request into REJECTED and a full sandbox
 into SANDBOX_ERROR, as the Protocol asks. With `require_isolation` (the default) the pool refuses
-to start unless every confinement is active.
+to start unless every confinement is active. Where the host delegates cgroup v2, each worker (its
+zygote, sessions and calls) runs in a cgroup of its own with `memory.max` and `pids.max`
+(`_cgroup`, limits from `SandboxConfig.cgroup_limits`); elsewhere `Info` says why not.
 
 Not covered: the network (see `server` and `client`).
 """
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2_sandbox import _confine
+from rstar2_sandbox import _cgroup, _confine
 from rstar2_sandbox.config import SandboxConfig
 from rstar2_sandbox.execution import ExecutionRequest, ExecutionResult, ExecutionStatus
 
@@ -85,6 +87,8 @@ class LocalSandbox:
         self._start_lock = asyncio.Lock()
         self._closing = False
         self._started = False
+        self._cgroups: _cgroup.WorkerCgroups | None = None
+        self._cgroup_reason = ""
 
     # --- life cycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,6 +98,10 @@ class LocalSandbox:
                 return
             if self._closing:
                 raise SandboxBusyError("the sandbox is closed")
+            try:
+                self._cgroups = _cgroup.WorkerCgroups.create(self.config.cgroup_limits())
+            except _cgroup.CgroupUnavailable as exc:
+                self._cgroup_reason = f"{exc}; {_cgroup.WITHOUT}"
             self._workers = list(
                 await asyncio.gather(*(self._spawn(i) for i in range(self.config.workers)))
             )
@@ -122,6 +130,12 @@ class LocalSandbox:
             limit=1 << 26,
         )
         handle = _WorkerHandle(index, process)
+        if self._cgroups is not None:  # before the setup frame: the worker has forked nothing yet
+            try:
+                self._cgroups.join(index, process.pid)
+            except OSError as exc:
+                self._cgroup_reason = f"cannot move worker {index} into its cgroup: {exc}"
+                self._cgroups.joined.discard(index)
         handle.send({"config": self.config.model_dump(mode="json"), "index": index})
         ready = await self._read(handle)
         if ready is None or ready.get("op") != "ready":
@@ -165,6 +179,8 @@ class LocalSandbox:
         if self._closing:
             return
         logger.error("sandbox worker %d exited with %s; restarting it", handle.index, code)
+        if self._cgroups is not None:
+            self._cgroups.kill(handle.index)  # whatever of it is left
         try:
             replacement = await self._spawn(handle.index)
         except (OSError, RuntimeError):
@@ -187,6 +203,9 @@ class LocalSandbox:
             if handle.reader is not None:
                 await handle.reader
         self._workers = []
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.close)
+            self._cgroups = None
 
     async def __aenter__(self) -> LocalSandbox:
         await self.start()
@@ -201,11 +220,15 @@ class LocalSandbox:
         if not self._workers:
             return [], {}
         ready = self._workers[0].ready
-        unavailable = dict(ready["unavailable"])
+        active, unavailable = list(ready["active"]), dict(ready["unavailable"])
         for name in _confine.REQUIRED:
-            if name not in ready["active"] and name not in unavailable:
+            if name not in active and name not in unavailable:
                 unavailable[name] = "not enabled"
-        return list(ready["active"]), unavailable
+        if self._cgroup_reason or self._cgroups is None:
+            unavailable["cgroup"] = self._cgroup_reason or "not set up"
+        else:
+            active.append("cgroup")
+        return active, unavailable
 
     def isolation_warning(self) -> str:
         """Empty when every required confinement is active, else a warning naming the gaps."""
