@@ -3,10 +3,11 @@
     uv run python bench/roc_vs_grpo.py [RECIPE] [a.b=value ...] [--seeds 0 1 2] [--jobs 2]
         [--eval-samples N] [--work runs/roc_vs_grpo] [--json bench/results/roc_vs_grpo.json]
 
-1. SFT once: `rstar2-train RECIPE` (default `tiny-noisy-tools`, whose SFT policy fails and
-   recovers on a share of its tool calls) until it writes checkpoint 0, the policy right after
-   SFT (then stopped), exported as a policy folder (`--export --step 0`). Every arm and seed starts RL from that one policy, so a
-   seed varies RL only (rollout sampling, batches, resampling), not SFT.
+1. SFT once: `rstar2-train RECIPE` (default `tiny-failed-checks`, whose SFT policy fails on a
+   share of its tool calls and often still answers correctly) until it writes checkpoint 0, the
+   policy right after SFT (then stopped), exported as a policy folder (`--export --step 0`).
+   Every arm and seed starts RL from that one policy, so a seed varies RL only (rollout
+   sampling, batches, resampling), not SFT.
 2. RL, per arm and seed: `rstar2-train RECIPE model={kind: pretrained, path: SFT_POLICY}
    sft.enabled=false run.seed=S` plus the arm's overrides. Both arms sample the same 2G rollouts
    per problem, reject equal-reward groups, keep G per group with the same counts (floor(n_neg/2)
@@ -285,7 +286,7 @@ def rl_run(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="GRPO vs GRPO-RoC from one SFT policy")
-    parser.add_argument("recipe", nargs="?", default="tiny-noisy-tools")
+    parser.add_argument("recipe", nargs="?", default="tiny-failed-checks")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="RL runs at once")
