@@ -96,9 +96,22 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
+
+
+def _kill(cgroup: Path) -> None:
+    """SIGKILL every process in `cgroup` (`cgroup.kill`; one by one before Linux 5.14)."""
+    if not cgroup.is_dir():
+        return
+    try:
+        _write(cgroup / "cgroup.kill", "1")
+    except OSError:
+        with contextlib.suppress(OSError):
+            for pid in _procs(cgroup):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 class WorkerCgroups:
@@ -177,19 +190,7 @@ class WorkerCgroups:
 
     def kill(self, index: int) -> None:
         """SIGKILL everything left in worker `index`'s cgroup (a dead worker's stragglers)."""
-        cgroup = self.path(index)
-        try:
-            _write(cgroup / "cgroup.kill", "1")
-            return
-        except FileNotFoundError:
-            if not cgroup.is_dir():
-                return
-        except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            for pid in _procs(cgroup):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        _kill(self.path(index))
 
     def close(self, wait_s: float = 5.0) -> None:
         """Kill what is left in every worker's cgroup and remove the pool (best effort)."""
@@ -219,7 +220,7 @@ def _remove_stale_pools(base: Path) -> None:
     for pool in base.glob(f"{PREFIX}*"):
         owner = pool.name.removeprefix(PREFIX).split("-", 1)[0]
         if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # gone meanwhile
                 for cgroup in (p for p in pool.iterdir() if p.is_dir()):
-                    _write(cgroup / "cgroup.kill", "1")
+                    _kill(cgroup)
             _remove_pool(pool, wait_s=1.0)

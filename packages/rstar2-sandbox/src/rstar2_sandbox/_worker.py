@@ -43,7 +43,6 @@ from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
 _CHUNK = 1 << 16
 _UID_SLOTS = 1000
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_PR_SET_DUMPABLE = 4
 
 
 @dataclass
@@ -569,7 +568,7 @@ def main() -> None:
     config, index = setup["config"], setup["index"]
     conf = _confine.Confinements()
     _confine.enter_worker_namespaces(conf)
-    _confine._LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # after writing our uid map
+    _confine._LIBC.prctl(_confine._PR_SET_DUMPABLE, 0, 0, 0, 0)  # after writing our uid map
     ours, pid = _zygote.start(config, index, conf)
     received = _zygote.receive(ours)
     if received is None:

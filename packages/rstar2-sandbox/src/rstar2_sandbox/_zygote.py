@@ -36,8 +36,6 @@ _UID_SLOTS = 1000
 _MADV_COLLAPSE = 25  # Linux 6.1
 _HUGE = 1 << 21
 _RECOLLAPSE_EVERY = 256  # forks; the zygote's own writes split huge pages its calls still share
-_PR_SET_PDEATHSIG = 1
-_PR_SET_DUMPABLE = 4
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
@@ -303,8 +301,8 @@ def start(
     if pid == 0:
         try:
             ours.close()
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            _LIBC.prctl(_confine._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _LIBC.prctl(_confine._PR_SET_DUMPABLE, 0, 0, 0, 0)
             null = os.open("/dev/null", os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)

@@ -130,11 +130,15 @@ class SandboxConfig(BaseModel):
         description="Run once per worker after the imports (empty: none); failures are logged.",
     )
 
+    @property
+    def calls_per_worker(self) -> int:
+        """Calls one worker may run at once: calls go to the least busy worker."""
+        return -(-self.max_in_flight // self.workers)
+
     def cgroup_limits(self) -> dict[str, int | None]:
         """The cgroup v2 limits of one worker (`_cgroup.WorkerCgroups`)."""
-        per_worker = -(-self.max_in_flight // self.workers)
-        memory = per_worker * (self.memory_bytes + self.tmpfs_bytes) + (1 << 30)
-        pids = 64 * (per_worker + self.max_sessions) + 16
+        memory = self.calls_per_worker * (self.memory_bytes + self.tmpfs_bytes) + (1 << 30)
+        pids = 64 * (self.calls_per_worker + self.max_sessions) + 16
         return {
             "memory.max": self.worker_memory_bytes or memory,
             "pids.max": self.worker_pids or pids,
@@ -144,8 +148,7 @@ class SandboxConfig(BaseModel):
     def _timeouts_ordered(self) -> SandboxConfig:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
-        per_worker = -(-self.max_in_flight // self.workers)  # calls go to the least busy worker
-        if per_worker + self.max_sessions > 1000:
+        if self.calls_per_worker + self.max_sessions > 1000:
             raise ValueError(
                 "max_in_flight / workers + max_sessions must be at most 1000 (uids per worker)"
             )
