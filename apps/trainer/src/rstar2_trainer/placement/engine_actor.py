@@ -84,6 +84,22 @@ class EngineActor:
     def can_sleep(self) -> bool:
         return isinstance(self._engine, SleepingEngine) and self._engine.can_sleep
 
+    def weights(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The engine's own parameters (vLLM's names, fused projections included), as CPU
+        tensors, read inside its worker: for checks that a sync landed, not for training."""
+        inner: Any = self._engine
+        wanted = set(names) if names is not None else None
+
+        def read(worker: Any) -> dict[str, Any]:
+            model = worker.model_runner.model
+            return {
+                n: p.detach().cpu().clone()
+                for n, p in model.named_parameters()
+                if wanted is None or n in wanted
+            }
+
+        return inner._engine.collective_rpc(read)[0]
+
     async def sleep(self, level: int = 1) -> None:
         """Free accelerator memory for an update (1: offload weights, 2: drop them too)."""
         assert isinstance(self._engine, SleepingEngine), "the driver sleeps only can_sleep engines"

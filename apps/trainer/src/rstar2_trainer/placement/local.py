@@ -42,6 +42,7 @@ from rstar2_trainer.config import (
     context_tokens,
 )
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.remote import RemoteWorkers
 from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
 from rstar2_trainer.verifier import Scorer, Verifier
@@ -54,12 +55,13 @@ class Parts:
     model_dir: Path
     model: Any  # transformers PreTrainedModel, the policy being trained
     tokenizer: Any
-    engines: list[EngineMeter]  # each engine, metered for idle time (none when remote)
+    engines: Engines  # each engine, metered for idle time (none when remote)
     source: TrajectorySource  # RolloutWorker over `engines`, or the RemoteWorkers
     sandbox: Sandbox | None  # None when rollouts run on remote workers (they call their own)
     scorer: Scorer
     servers: list[ChildServer] = field(default_factory=list)
     remote: RemoteWorkers | None = None  # the rollout workers, in remote mode
+    train_group: Any = None  # colocated placement: the ranks that also hold the engines
 
     def check_servers(self) -> None:
         """Raise ServerError if a child server died."""
@@ -211,10 +213,12 @@ async def open_parts(
             fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
             remote = await RemoteWorkers.connect(config.remote, fmt.prompt_ids)
             stack.push_async_callback(remote.close)
-            yield Parts(model_dir, model, tokenizer, [], remote, None, scorer, servers, remote)
+            yield Parts(
+                model_dir, model, tokenizer, Engines([]), remote, None, scorer, servers, remote
+            )
             return
         sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
-        engines = [EngineMeter(e) for e in build_engines(config, model_dir)]
+        engines = Engines([EngineMeter(e) for e in build_engines(config, model_dir)])
         for engine in engines:
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)

@@ -131,11 +131,9 @@ class DriverPolicy:
         return with_values(rows, "old_logp", logps)
 
     async def sync(self, parts: Any) -> dict[str, float]:
-        from rstar2_trainer.training.weight_sync import push_weights
-
         if parts.remote is not None:
             return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
-        return (await push_weights(parts.engines, self.model.state_dict().items())).as_metrics()
+        return (await parts.engines.push(self.model.state_dict().items())).as_metrics()
 
     async def load_from(self, model: torch.nn.Module) -> None:
         if model is not self.model:
@@ -194,11 +192,13 @@ async def open_policy(
     precision: Precision,
     *,
     pad_id: int,
+    group: Any = None,
 ) -> AsyncIterator[Policy]:
-    """The run's policy: on `cluster.train_workers` FSDP2 ranks, or in the driver."""
+    """The run's policy: on `cluster.train_workers` FSDP2 ranks (`group` when colocated
+    placement already started them), or in the driver."""
     from rstar2_trainer.training.worker_policy import open_worker_policy
 
-    async with open_worker_policy(config, model_dir, pad_id=pad_id) as workers:
+    async with open_worker_policy(config, model_dir, pad_id=pad_id, group=group) as workers:
         yield (
             workers
             if workers is not None

@@ -33,7 +33,7 @@ import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
 from rstar2_trainer.training.weight_sync import SyncTimes, sleepers
@@ -79,13 +79,14 @@ class TrainWorker:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from rstar2_trainer.placement.devices import actor_device_index
         from rstar2_trainer.training.distributed import init_distributed, shard_model
 
         host, port = master.rsplit(":", 1)
         os.environ.update(
             RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size),
-            LOCAL_RANK="0",  # each actor sees only its own GPU(s)
+            LOCAL_RANK=str(actor_device_index()),  # 0 unless Ray was told not to hide GPUs
             MASTER_ADDR=host,
             MASTER_PORT=port,
         )
@@ -182,6 +183,7 @@ class TrainGroup:
 
     def __init__(self, actors: list[Any]) -> None:
         self.actors = actors
+        self.placement_group: Any = None  # released by close()
 
     @classmethod
     async def start(
@@ -197,17 +199,38 @@ class TrainGroup:
         cpus_per_worker: float = 1,
         threads: int = 1,
         timeout_s: float | None = None,
-    ) -> TrainGroup:
-        """Place and set up the ranks; TimeoutError when they are not up in `timeout_s`."""
+        actor_class: type = TrainWorker,
+    ) -> Self:
+        """Place the ranks, one placement-group bundle each (packed node by node, rank order),
+        and set them up; TimeoutError when they are not up in `timeout_s`."""
         import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote = ray.remote(TrainWorker).options(
-            num_cpus=cpus_per_worker,
-            num_gpus=gpus_per_worker,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        )
-        actors = [remote.remote(rank, world_size, threads) for rank in range(world_size)]
+        from rstar2_trainer.placement.devices import placement_group_strategy, rank_bundles
+
+        bundles = rank_bundles(world_size, int(gpus_per_worker), cpus_per_worker)
+        pg = placement_group(bundles, strategy=placement_group_strategy)
+        try:
+            await asyncio.wait_for(pg.ready(), timeout_s)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
+        actors = [
+            ray.remote(actor_class)
+            .options(
+                num_cpus=cpus_per_worker,
+                num_gpus=gpus_per_worker,
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=rank
+                ),
+            )
+            .remote(rank, world_size, threads)
+            for rank in range(world_size)
+        ]
         group = cls(actors)
+        group.placement_group = pg
         try:
             master = await asyncio.wait_for(actors[0].rendezvous.remote(), timeout_s)
             setups = [
@@ -302,6 +325,12 @@ class TrainGroup:
             with contextlib.suppress(Exception):  # a dead worker is killed below all the same
                 await actor.close.remote()
             ray.kill(actor)
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.placement_group)
+            self.placement_group = None
 
 
 async def sync_to_engines(group: TrainGroup, engines: Sequence[Any]) -> SyncTimes:

