@@ -445,6 +445,29 @@ def test_a_call_ends_the_way_python_file_py_ends(runner, client):
     assert {"thread joined", "atexit ran", "finalizer ran"} <= {lines[0][21:], *lines[1:]}
 
 
+FINALIZER_SEES = (
+    "import pickle\n"
+    "limit = 3\n"
+    "class Late:\n"
+    "    def __del__(self):\n"
+    "        print('finalizer sees', limit, pickle.dumps(1)[:1])\n"
+    "keep = Late()\n"
+)
+FINALIZER_HANGS = (
+    "spin = True\nclass Hang:\n    def __del__(self):\n        while spin: pass\nh = Hang()\n"
+)
+
+
+def test_finalizers_at_exit_see_the_programs_globals(runner, client):
+    """As under plain `python`: __main__'s globals are intact when its finalizers run, so one
+    that loops on a global holds the call until its timeout (it used to see NameError: ok)."""
+    seen = runner.run(client.execute(ExecutionRequest(code=FINALIZER_SEES)))
+    assert (seen.status, seen.stdout, seen.stderr) == (S.OK, "finalizer sees 3 b'\\x80'\n", "")
+    hung = runner.run(client.execute(ExecutionRequest(code=FINALIZER_HANGS, timeout_s=1.5)))
+    assert hung.status is S.TIMEOUT
+    assert 1.5 <= hung.wall_s < 4
+
+
 def test_sessions_are_scoped_to_the_caller_and_frozen_between_cells(runner, client, server):
     async def scenario():
         async with SandboxClient(server[1]) as other:

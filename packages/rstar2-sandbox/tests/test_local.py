@@ -320,3 +320,17 @@ def test_every_call_gets_its_own_output_when_calls_end_together(runner):
             burner.kill()
             burner.wait()
         runner.run(sb.close())
+
+
+def test_finalizers_at_exit_see_globals_and_files_come_and_go(runner, sandbox):
+    """`__del__` at exit sees __main__'s globals (a loop on one is a timeout, as under
+    `python`); `files` are written into the call's directory and `fetch_files` read back."""
+    code = "x = 5\nclass A:\n    def __del__(self):\n        print('sees', x)\na = A()\n"
+    assert run(runner, sandbox, code).stdout == "sees 5\n"
+    code = "x = 5\nclass A:\n    def __del__(self):\n        while x: pass\na = A()\n"
+    assert run(runner, sandbox, code, timeout_s=1).status is S.TIMEOUT
+    code = "print(open('in/a.txt').read()); open('b', 'wb').write(b'\\0\\1')"
+    r = run(runner, sandbox, code, files={"in/a.txt": b"hi"}, fetch_files=("b", "none"))
+    assert (r.status, r.stdout, r.files) == (S.OK, "hi\n", {"b": b"\0\1"})
+    r = run(runner, sandbox, "print(1)", files={"/proc/x": b""})
+    assert r.status is S.ERROR and "cannot write file '/proc/x'" in r.traceback

@@ -7,10 +7,22 @@ type name, a traceback trimmed to the user's own frames (library frames the user
 kept; the harness's are not), the repr, and an exit code (SystemExit is an exit, not an error).
 
 `run_once` is the body of a one-shot child: the code arrives in a memfd, standard streams are
-already the worker's pipes. It ends as `python file.py` ends: non-daemon threads are joined, atexit
-handlers run, the program's globals are released (finalizers run) and the buffers are flushed;
-then it writes the outcome as JSON to the result descriptor and leaves with os._exit (the
-interpreter's own teardown of the preloaded maths stack would cost more than the call). The JSON
+already the worker's pipes. The program runs as the module `__main__` (in `sys.modules`, as under
+`python file.py`). It ends as `python file.py` ends: non-daemon threads are joined, atexit
+handlers run, then `__main__` goes as the interpreter's shutdown lets it go: removed from
+`sys.modules`, its reference cycles collected with their finalizers seeing the globals intact
+(PEP 442), and only if something still holds it, its globals set to None (single-underscore
+names first, as `_PyModule_ClearDict`); the buffers are flushed; then it writes the outcome as
+JSON to the result descriptor and leaves with os._exit (the interpreter's own teardown of the
+preloaded maths stack would cost more than the call). A finalizer that loops forever therefore
+holds the call until its timeout, as under `python`.
+
+Files (SandboxFusion's `files` / `fetch_files`): when the memfd starts with a NUL byte it holds a
+JSON envelope `{"code", "files": {name: base64}, "fetch": [name]}`; the files are written under
+the call's working directory (its private `/tmp`) before the code runs, with the call's own
+rights, and the fetched ones are read back after the program ended, base64, into the report's
+`files` (at most `FETCH_CAP` bytes of base64 in all; a missing or unreadable file, or one past
+the cap, is left out). The JSON
 encoder is bound at import, so a program that replaces `json.dumps` cannot break the report; the
 worker still treats the report as hostile (`_outcome.parse_report`). `serve_session` is the body
 of a session child: cells arrive as frames, output is captured in memory with a cap, globals
@@ -30,6 +42,9 @@ import struct
 import sys
 import threading
 import traceback
+import types
+import weakref
+from base64 import b64decode, b64encode
 from types import TracebackType
 from typing import Any
 
@@ -39,6 +54,9 @@ _TRACEBACK_CAP = 1 << 16
 _ENCODE = json.JSONEncoder(ensure_ascii=True).encode  # bound before any user code runs
 _PACK = struct.Struct("!I").pack
 _WRITE = os.write
+_OPEN = os.open
+_B64 = b64encode
+FETCH_CAP = 768 << 10  # base64 bytes of fetched files in one report (the report's cap is 1 MiB)
 
 
 def _capped_text(text: str, cap: int) -> str:
@@ -106,31 +124,103 @@ def _reset_process() -> None:
     sys.argv = [""]
 
 
-def _read_all(fd: int) -> bytes:
-    parts = []
-    while chunk := os.read(fd, 1 << 20):
+def _read_all(fd: int, limit: int = 1 << 62) -> bytes:
+    parts, size = [], 0
+    while size <= limit and (chunk := os.read(fd, 1 << 20)):
         parts.append(chunk)
+        size += len(chunk)
     return b"".join(parts)
 
 
-def _finish_like_python(namespace: dict[str, Any]) -> None:
+def _clear_like_cpython(namespace: dict[str, Any]) -> None:
+    """`_PyModule_ClearDict`: single-underscore names to None first, then all but builtins."""
+    for key in list(namespace):
+        if key.startswith("_") and not key.startswith("__") and namespace.get(key) is not None:
+            namespace[key] = None
+    for key in list(namespace):
+        if key != "__builtins__" and namespace.get(key) is not None:
+            namespace[key] = None
+
+
+def _finish_like_python(main: weakref.ref[types.ModuleType]) -> None:
     """What the interpreter does at the end of `python file.py`, short of its own teardown."""
     with contextlib.suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads
     with contextlib.suppress(BaseException):
         atexit._run_exitfuncs()
-    with contextlib.suppress(BaseException):
-        namespace.clear()  # the program's objects go: their finalizers run
-    with contextlib.suppress(BaseException):
-        import gc
+    import gc
 
-        gc.collect()
+    with contextlib.suppress(BaseException):
+        if sys.modules.get("__main__") is main():
+            del sys.modules["__main__"]
+    with contextlib.suppress(BaseException):
+        gc.collect()  # __main__'s cycles: finalizers run with its globals still in place
+    with contextlib.suppress(BaseException):
+        module = main()
+        if module is not None:  # held from elsewhere: cleared as the interpreter clears it
+            namespace = module.__dict__
+            del module
+            _clear_like_cpython(namespace)
+            del namespace
+            gc.collect()
+
+
+def _run_main(code: str, files: dict[str, bytes]) -> tuple[dict[str, Any], weakref.ref]:
+    """Run `code` as a fresh `__main__`; only a weak reference to the module is kept."""
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = module
+    try:
+        _write_files(files)
+    except OSError as exc:
+        why = f"sandbox: cannot write file {exc.filename!r}: {exc.strerror}\n"
+        return {"exc_type": "OSError", "traceback": why, "repr": "", "exit_code": 1}, weakref.ref(
+            module
+        )
+    return run_cell(code, module.__dict__), weakref.ref(module)
+
+
+def _write_files(files: dict[str, bytes]) -> None:
+    for name, content in files.items():
+        folder = os.path.dirname(name)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(name, "wb") as handle:
+            handle.write(content)
+
+
+def _unpack(data: bytes) -> tuple[str, dict[str, bytes], list[str]]:
+    """The code, files to write and names to fetch (see the module's contract)."""
+    if data.startswith(b"\0"):
+        with contextlib.suppress(Exception):
+            envelope = json.loads(data[1:])
+            files = {str(k): b64decode(v) for k, v in envelope["files"].items()}
+            return str(envelope["code"]), files, [str(n) for n in envelope["fetch"]]
+    return data.decode("utf-8", "surrogatepass"), {}, []
+
+
+def _fetch(home: str, names: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    room = FETCH_CAP
+    for name in names:
+        with contextlib.suppress(Exception):
+            fd = _OPEN(os.path.join(home, name), os.O_RDONLY)
+            try:
+                data = _read_all(fd, room)
+            finally:
+                os.close(fd)
+            text = _B64(data).decode()
+            if len(text) <= room:
+                found[name] = text
+                room -= len(text)
+    return found
 
 
 def run_once(code_fd: int, result_fd: int) -> None:
     """Body of a one-shot child: read the code from `code_fd`, run it, report, exit."""
-    code = _read_all(code_fd).decode("utf-8", "surrogatepass")
+    code, files, fetch = _unpack(_read_all(code_fd))
     os.close(code_fd)
+    home = os.getcwd()
     _reset_process()
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(
@@ -142,9 +232,10 @@ def run_once(code_fd: int, result_fd: int) -> None:
         errors="backslashreplace",
         write_through=True,
     )
-    namespace = _fresh_namespace()
-    outcome = run_cell(code, namespace)
-    _finish_like_python(namespace)
+    outcome, main = _run_main(code, files)
+    _finish_like_python(main)
+    if fetch:
+        outcome["files"] = _fetch(home, fetch)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         # A broken pipe or a full disk must not hide the outcome.
         with contextlib.suppress(BaseException):

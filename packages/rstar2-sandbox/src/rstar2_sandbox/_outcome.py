@@ -22,6 +22,7 @@ from typing import Any
 
 REPORT_CAP = 1 << 20
 _ONCE_FIELDS = {"exc_type": str, "traceback": str, "repr": str, "exit_code": int}
+_OPTIONAL = {"files"}  # a one-shot call's fetched files: name -> base64
 _SESSION_FIELDS = _ONCE_FIELDS | {
     "stdout": str,
     "stderr": str,
@@ -41,8 +42,15 @@ def parse_report(data: bytes, session: bool = False) -> tuple[dict[str, Any] | N
     except (ValueError, RecursionError) as exc:
         return None, f"report is not JSON ({type(exc).__name__})"
     fields = _SESSION_FIELDS if session else _ONCE_FIELDS
-    if not isinstance(report, dict) or set(report) != set(fields):
+    if not isinstance(report, dict) or set(report) - _OPTIONAL != set(fields):
         return None, "report does not have the expected fields"
+    files = report.get("files", {})
+    if session and "files" in report:
+        return None, "a session cell's report has no files"
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+    ):
+        return None, "report field files is not a dict of str to str"
     for name, kind in fields.items():
         value = report[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -99,7 +107,8 @@ def _signal_name(signum: int) -> str:
 
 
 def classify(o: Outcome) -> dict[str, Any]:
-    """The result fields (status, stdout, stderr, traceback, result_repr, exit_code, message)."""
+    """The result fields (status, stdout, stderr, traceback, result_repr, exit_code, message,
+    and `files` when the child fetched any)."""
     report = o.report or {}
     stdout, out_cut = _capped(o.stdout, o.stdout_size, o.cap)
     stderr, err_cut = _capped(o.stderr, o.stderr_size, o.cap)
@@ -143,7 +152,8 @@ def classify(o: Outcome) -> dict[str, Any]:
     else:
         status = "ok"
     result_repr = report.get("repr", "") if not o.stdout_size else ""
-    return {
+    files = {"files": report["files"]} if report.get("files") else {}
+    return files | {
         "status": status,
         "stdout": stdout,
         "stderr": stderr,

@@ -181,7 +181,11 @@ class Worker:
             next_check=started + self.config["demote_after_s"],
         )
         (out_r, out_w), (err_r, err_w), (res_r, res_w) = os.pipe(), os.pipe(), os.pipe()
-        stdin, code = self._memfd("stdin", msg["stdin"]), self._memfd("code", msg["code"])
+        source = msg["code"]
+        if msg.get("files") or msg.get("fetch"):  # the envelope `_child._unpack` reads
+            envelope = {"code": source, "files": msg.get("files", {}), "fetch": msg["fetch"]}
+            source = "\0" + json.dumps(envelope)
+        stdin, code = self._memfd("stdin", msg["stdin"]), self._memfd("code", source)
         for fd, name in ((out_r, "stdout"), (err_r, "stderr"), (res_r, "result")):
             os.set_blocking(fd, False)
             call.fds[fd] = name

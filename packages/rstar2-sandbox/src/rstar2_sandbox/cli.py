@@ -2,6 +2,8 @@
 
 Contract. `serve` runs the gRPC server until SIGTERM or SIGINT, then shuts down gracefully; it
 prints `listening on HOST:PORT` once ready (port 0 picks a free port) and one line per refusal.
+With `--http-port Q` it also serves the HTTP APIs (`http_api`) and prints `http listening on
+HOST:Q`. The token comes from `--token-file`, else from `RSTAR2_SANDBOX_TOKEN`.
 `serve` refuses to start (exit 2, one line) unless every confinement is active;
 `--allow-weak-isolation` starts anyway and says so on every Info. `info` prints what a server
 reports about itself. `bench` runs the load generator, prints one
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,13 +26,15 @@ from pydantic import ValidationError
 
 from rstar2_sandbox.config import SandboxConfig, ServerConfig
 
+TOKEN_ENV = "RSTAR2_SANDBOX_TOKEN"
+
 
 class UsageError(Exception):
     """A mistake the user can fix; printed as one line."""
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    token = _token(args.token_file)
+    token = _serve_token(args.token_file)
     if args.sandbox_config:
         try:
             base = SandboxConfig.model_validate_json(Path(args.sandbox_config).read_text())
@@ -70,6 +75,19 @@ def _token(path: str | None) -> str | None:
         raise UsageError(str(exc)) from None
 
 
+def _serve_token(path: str | None) -> str | None:
+    """`--token-file`, else `RSTAR2_SANDBOX_TOKEN` (for HTTP users; a file keeps it out of
+    /proc/<pid>/environ), else none."""
+    if path:
+        return _token(path)
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        return None
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise UsageError(f"{TOKEN_ENV} must be printable ASCII without whitespace")
+    return token
+
+
 def _server(args: argparse.Namespace, token: str | None, sandbox: SandboxConfig) -> ServerConfig:
     return ServerConfig(
         host=args.host,
@@ -78,6 +96,8 @@ def _server(args: argparse.Namespace, token: str | None, sandbox: SandboxConfig)
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
         insecure=args.insecure,
+        http_port=args.http_port,
+        http_max_body_bytes=args.http_max_body_bytes,
         sandbox=sandbox,
     )
 
@@ -95,6 +115,8 @@ async def _serve(config: ServerConfig) -> None:
         raise UsageError(f"cannot start: {exc}") from exc
     active, unavailable = server.sandbox.confinements()
     print(f"listening on {config.host}:{port}", flush=True)
+    if config.http_port is not None:
+        print(f"http listening on {config.host}:{server.http_port}", flush=True)
     print(f"confinements: {', '.join(active)}", file=sys.stderr, flush=True)
     for name, why in unavailable.items():
         print(f"confinement {name} unavailable: {why}", file=sys.stderr, flush=True)
@@ -188,10 +210,19 @@ def _parser() -> argparse.ArgumentParser:
         help="JSON file of a whole SandboxConfig (then the limit flags above are ignored)",
     )
     serve.add_argument(
-        "--token-file", help="file (mode 0600) with the run's token; calls must send it"
+        "--token-file",
+        help=f"file (mode 0600) with the run's token; calls must send it (else ${TOKEN_ENV})",
     )
     serve.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback --host with no token"
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="also serve SandboxFusion's /run_code and code-judge's /run APIs on this port",
+    )
+    serve.add_argument(
+        "--http-max-body-bytes", type=_positive_int, default=32 << 20, help="413 beyond"
     )
     serve.add_argument("--tls-cert")
     serve.add_argument("--tls-key")

@@ -67,6 +67,9 @@ class SandboxConfig(BaseModel):
     )
     max_code_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted source.")
     max_stdin_bytes: int = Field(default=1 << 20, gt=0, description="Largest accepted stdin.")
+    max_files_bytes: int = Field(
+        default=16 << 20, gt=0, description="Largest total of a call's `files` (names and bytes)."
+    )
     max_in_flight: int = Field(
         default=32,
         gt=0,
@@ -174,6 +177,15 @@ class ServerConfig(BaseModel):
         default=10.0, ge=0, description="Shutdown waits this long for in-flight calls."
     )
     max_batch: int = Field(default=4096, gt=0, description="Largest ExecuteBatch accepted.")
+    http_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Also serve SandboxFusion's and code-judge's HTTP APIs here (0: a free port).",
+    )
+    http_max_body_bytes: int = Field(
+        default=32 << 20, gt=0, description="Largest HTTP request body (413 beyond)."
+    )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="The executor.")
 
     @model_validator(mode="after")

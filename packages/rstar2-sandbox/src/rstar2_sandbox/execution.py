@@ -41,6 +41,14 @@ class ExecutionRequest(BaseModel):
         default=None, description="Run in this stateful session (globals persist)."
     )
     request_id: str = Field(default="", description="Echoed back in the result.")
+    files: dict[str, bytes] = Field(
+        default_factory=dict,
+        description="Written under the call's working directory before it runs (one-shot calls;"
+        " not carried over gRPC).",
+    )
+    fetch_files: tuple[str, ...] = Field(
+        default=(), description="Read back from the working directory after the call ended."
+    )
 
 
 class ExecutionResult(BaseModel):
@@ -61,6 +69,9 @@ class ExecutionResult(BaseModel):
     queue_s: float = Field(default=0.0, description="Time waiting for a worker before the start.")
     request_id: str = ""
     message: str = Field(default="", description="Why it was rejected, timed out, ...")
+    files: dict[str, bytes] = Field(
+        default_factory=dict, description="The fetch_files that existed (missing ones are absent)."
+    )
 
     @property
     def failed(self) -> bool:

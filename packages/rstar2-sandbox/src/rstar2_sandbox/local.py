@@ -23,6 +23,7 @@ Not covered: the network (see `server` and `client`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -284,6 +285,13 @@ class LocalSandbox:
             raise RequestError(f"timeout_s {timeout} exceeds the maximum {c.max_timeout_s}")
         if request.session_id is not None and not request.session_id:
             raise RequestError("session_id must not be empty")
+        if (request.files or request.fetch_files) and request.session_id is not None:
+            raise RequestError("files and fetch_files are for one-shot calls, not sessions")
+        size = sum(len(name) + len(data) for name, data in request.files.items())
+        if size > c.max_files_bytes:
+            raise RequestError(f"files exceed {c.max_files_bytes} bytes ({size})")
+        if any(not name or "\0" in name for name in (*request.files, *request.fetch_files)):
+            raise RequestError("a file name is empty or holds a NUL byte")
         return timeout
 
     def _pick(self, session: str | None) -> _WorkerHandle:
@@ -344,6 +352,7 @@ class LocalSandbox:
                     "memory_bytes": memory_bytes or self.config.memory_bytes,
                     "max_output": max_output_bytes or self.config.max_output_bytes,
                 }
+                | _files_message(request)
             )
             waited = time.monotonic() - entered
             try:
@@ -392,6 +401,13 @@ def _session_key(owner: str, session_id: str | None) -> str | None:
     return None if session_id is None else f"{owner}\x00{session_id}"
 
 
+def _files_message(request: ExecutionRequest) -> dict[str, Any]:
+    if not request.files and not request.fetch_files:
+        return {}
+    files = {name: base64.b64encode(data).decode() for name, data in request.files.items()}
+    return {"files": files, "fetch": list(request.fetch_files)}
+
+
 def _lost(message: str) -> dict[str, Any]:
     return {"status": "sandbox_error", "message": message, "exit_code": -1}
 
@@ -409,4 +425,5 @@ def _result(done: dict[str, Any], request_id: str, waited: float) -> ExecutionRe
         queue_s=waited + done.get("queue_s", 0.0),
         request_id=request_id,
         message=done.get("message", ""),
+        files={name: base64.b64decode(text) for name, text in done.get("files", {}).items()},
     )

@@ -16,6 +16,9 @@ INVALID_ARGUMENT. A session id is scoped to its caller: the owner is the caller'
 is sent, else its connection (`context.peer()`), so nobody else can use or close it. Info
 carries a warning when the pool runs with weak isolation.
 
+With `http_port` set, the same pool also answers SandboxFusion's and code-judge's HTTP APIs on
+that port of the same host, under the same token (`rstar2_sandbox.http_api`); it stops first.
+
 Not covered: rate limits per caller, and authorisation beyond one shared token.
 """
 
@@ -26,7 +29,7 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -39,6 +42,9 @@ from rstar2_sandbox import _wire
 from rstar2_sandbox.config import ServerConfig
 from rstar2_sandbox.execution import ExecutionResult, ExecutionStatus
 from rstar2_sandbox.local import LocalSandbox, RequestError, SandboxBusyError
+
+if TYPE_CHECKING:
+    from rstar2_sandbox.http_api import HttpApi
 
 logger = logging.getLogger(__name__)
 SERVICE = "rstar2_proto.sandbox.v1.SandboxService"
@@ -259,6 +265,8 @@ class SandboxServer:
             ],
         )
         self._health = health_aio.HealthServicer()
+        self._http: HttpApi | None = None
+        self.http_port = 0
 
     async def start(self) -> int:
         """Bind (OSError if it cannot), start the pool (RuntimeError if isolation is required and
@@ -289,6 +297,18 @@ class SandboxServer:
         self._server.add_generic_rpc_handlers((_handlers(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
+        if self.config.http_port is not None:
+            from rstar2_sandbox.http_api import HttpApi
+
+            self._http = HttpApi(self.sandbox, self.config.token, self.config.http_max_body_bytes)
+            try:
+                self.http_port = await self._http.start(self.config.host, self.config.http_port)
+            except OSError as exc:
+                await self._server.stop(0)
+                await self.sandbox.close()
+                raise OSError(
+                    f"cannot bind HTTP {self.config.host}:{self.config.http_port}: {exc.strerror}"
+                ) from exc
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE):
             await self._health.set(name, serving)
@@ -298,6 +318,8 @@ class SandboxServer:
         """Refuse new calls, let running ones finish for `grace` s, cancel the rest, close."""
         for name in ("", SERVICE):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._http is not None:
+            await self._http.stop()
         await self._server.stop(self.config.grace_s if grace is None else grace)
         await self.sandbox.close()
 
