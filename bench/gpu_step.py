@@ -1,22 +1,25 @@
-"""GPU check: a bf16 policy step, an FSDP2 step under torchrun, and a vLLM engine's generate,
-weight sync and sleep/wake, timed on one GPU; prints one table and writes JSON.
+"""GPU check: the RL policy step at a real vocabulary, an FSDP2 step under torchrun, and a vLLM
+engine's generate, weight sync and sleep/wake, timed on one GPU; prints one table, writes JSON.
 
-  uv run python bench/gpu_step.py                         # a ~150M-parameter Qwen3 built here
+  uv run python bench/gpu_step.py                         # a Qwen3-shaped model built here
   uv run python bench/gpu_step.py --model /models/qwen3-1.7b-base-nonreasoning-sft
 
-Phases (each is timed after one warm-up):
-1. policy   `update.policy_update` with `train.dtype: bfloat16` on cuda: bf16 autocast,
-            fp32 master weights and AdamW state; tokens/s and peak memory.
+The built model has Qwen's 151,936-token vocabulary and the batch 4,096-token sequences, so the
+loss's logit memory is what a real run sees. Phases (each timed after one warm-up):
+1. policy   `distributed.train_step` with the GRPO-RoC loss (`update.WorkerPolicyLoss`, entropy on
+            as the trainer computes it), bf16 autocast, fp32 master weights and AdamW state;
+            tokens/s and peak memory.
 2. fsdp     `distributed.train_step` in a `torchrun --nproc-per-node 1` child (nccl, FSDP2 with
             bf16 params / fp32 reduce, activation checkpointing); tokens/s and peak memory.
-3. vllm     `VLLMEngine` (bf16, sleep mode on): a batch of concurrent greedy requests
-            (decode tokens/s), `weight_sync.push_weights` of the fp32 policy (seconds), then the
-            colocated cycle: sleep(level) and the memory it freed, wake weights, load, wake the
-            KV cache, and a check that greedy output after the cycle equals the output before.
+3. vllm     `VLLMEngine` (bf16, sleep mode on): a batch of concurrent greedy requests (decode
+            tokens/s); then the sync check: one GRPO-RoC step of the policy on the GPU, the
+            colocated cycle (sleep and the memory it freed, wake weights, push the stepped
+            weights, wake the KV cache); greedy output must change and equal transformers' bf16
+            greedy output of the stepped policy.
 
 On a machine without a CUDA/ROCm GPU it prints one line and exits with status 2. The model folder
 must hold a Hugging Face causal LM with untied embeddings (vLLM's reload leaves a tied head
-stale). Not covered: multi-GPU runs (use torchrun and the cluster mode, docs/LAUNCH.md).
+stale). Not covered: multi-GPU runs (scripts/gpu_check.sh runs a colocated `rstar2-train`).
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, default=None, help="HF model folder; unset: build one")
     p.add_argument("--hidden-size", type=int, default=1024, help="built model: width")
     p.add_argument("--layers", type=int, default=8, help="built model: transformer blocks")
-    p.add_argument("--rows", type=int, default=16, help="sequences in a training batch")
-    p.add_argument("--seq-len", type=int, default=1024, help="tokens per training sequence")
-    p.add_argument("--micro-batch-tokens", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=151936, help="built model: vocabulary (Qwen's)")
+    p.add_argument("--rows", type=int, default=8, help="sequences in a training batch")
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per training sequence")
+    p.add_argument("--micro-batch-tokens", type=int, default=16384)
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
     p.add_argument("--requests", type=int, default=64, help="concurrent vLLM requests")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens each request decodes")
@@ -80,7 +84,7 @@ def build_model(args: argparse.Namespace, folder: Path) -> Path:
     return build_tiny_model(
         folder / "model",
         seed=0,
-        vocab_size=32768,
+        vocab_size=args.vocab,
         hidden_size=args.hidden_size,
         layers=args.layers,
         heads=heads,
@@ -276,7 +280,7 @@ async def vllm_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
         seconds, before = await batch("gen")
         out["generate_s"] = seconds
         out["decode_tokens_per_s"] = sum(map(len, before)) / seconds
-        out["sync_s"] = (await push_weights([engine], policy.state_dict().items())).total_s
+        rl_step(policy, vocab)  # the weights now differ from the engine's
         free_awake = torch.cuda.mem_get_info()[0]
         out["sleep_s"] = await release_engines([engine], args.sleep_level)
         out["sleep_freed_gib"] = (torch.cuda.mem_get_info()[0] - free_awake) / GIB
@@ -284,9 +288,60 @@ async def vllm_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
         out["wake_weights_s"], out["wake_kv_s"] = times.wake_weights_s, times.wake_kv_s
         out["cycle_sync_s"] = times.total_s
         _, after = await batch("after")
-        out["greedy_equal_after_cycle"] = after == before
+        out["greedy_changed_after_sync"] = after != before
+        reference = reference_greedy(policy, prompts[:4], max_tokens=32)
+        out["greedy_equals_transformers_bf16"] = [a[:32] for a in after[:4]] == reference
     finally:
         await engine.close()
+    return out
+
+
+def rl_step(policy: Any, vocab: int) -> None:
+    """One GRPO-RoC step of `policy` on random rows (lr 1e-4: a visible change)."""
+    from rstar2_algos import GrpoRocConfig
+    from rstar2_rollout.trajectory import Trajectory
+    from rstar2_trainer.training.distributed import train_step
+    from rstar2_trainer.training.precision import Precision
+    from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+
+    kept = [
+        Trajectory(f"p{i // 2}", i % 2, p, r, [1] * len(r))
+        for i, (p, r) in enumerate(_rows(vocab, 8, 512, seed=3))
+    ]
+    advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(len(kept))])  # [K]
+    optimizer = make_optimizer(policy, lr=1e-4, betas=(0.9, 0.999), weight_decay=0.0)
+    loss = WorkerPolicyLoss(GrpoRocConfig())
+    precision = Precision(torch.device("cuda", 0), torch.bfloat16)
+    with precision.autocast():
+        train_step(
+            policy,
+            optimizer,
+            policy_rows(kept, advantages),
+            loss,
+            pad_id=0,
+            micro_batch_tokens=8192,
+            max_grad_norm=1.0,
+            device=precision.device,
+            normalize_by=loss.normalize_by,
+            with_entropy=True,
+        )
+    policy.eval()
+    del optimizer
+
+
+def reference_greedy(policy: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt with a bf16 copy of `policy`."""
+    import copy
+
+    model = copy.deepcopy(policy).to(torch.bfloat16).eval()
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device="cuda")
+            gen = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+            out.append(gen[0, len(prompt) :].tolist())
+    del model
+    torch.cuda.empty_cache()
     return out
 
 

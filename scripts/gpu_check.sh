@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU check: what a machine with one GPU says about rstar2's GPU path, in one JSON summary.
+#
+#   bash scripts/gpu_check.sh [OUT_DIR]        # default OUT_DIR: bench/results/gpu_check
+#
+# Stages, each under its own timeout (about 8 minutes in all on one H100):
+#   env        driver, torch, vLLM, Ray, NCCL/RCCL versions, shared-memory size, Ray's NOSET_*
+#   gpu_step   bench/gpu_step.py: the GRPO-RoC step at Qwen's 151,936 vocabulary and 4K-token
+#              sequences (peak memory), FSDP2 under torchrun, and the sync check (one RL step,
+#              push to a vLLM engine, greedy output changes and equals transformers' bf16)
+#   colocated  `rstar2-train tiny` on the GPU with one FSDP2 rank and its engine colocated, for
+#              two RL steps (sleep, offload, sync, wake timings from the run's metrics; no OOM)
+# Writes OUT_DIR/summary.json (every stage's status, seconds and numbers) and each stage's log.
+# On a machine without a GPU it prints one line and exits 2.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-bench/results/gpu_check}"
+py=(uv run --locked python)
+command -v uv >/dev/null 2>&1 || py=(python)
+
+if ! "${py[@]}" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "gpu_check: no CUDA or ROCm GPU is visible here; run it on a GPU machine" >&2
+    exit 2
+fi
+mkdir -p "$out"
+
+run_stage() {  # name timeout_s command...
+    local name=$1 limit=$2
+    shift 2
+    local start end rc
+    start=$(date +%s.%N)
+    timeout --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    printf '{"stage": "%s", "rc": %d, "seconds": %.1f}\n' "$name" "$rc" \
+        "$(echo "$end - $start" | bc)" >>"$out/stages.jsonl"
+    echo "gpu_check: $name rc=$rc ($(tail -n 1 "$out/$name.log" | cut -c1-120))"
+}
+: >"$out/stages.jsonl"
+
+run_stage env 60 "${py[@]}" - <<'EOF'
+import json, os, shutil, subprocess
+import torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+        "device": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count(),
+        "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)}
+try:
+    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+except Exception as exc:  # RCCL builds report through the same call; some do not
+    info["nccl"] = f"unknown ({type(exc).__name__})"
+for name in ("vllm", "ray", "transformers"):
+    try:
+        info[name] = __import__(name).__version__
+    except Exception as exc:
+        info[name] = f"missing ({type(exc).__name__})"
+for tool in ("nvidia-smi", "rocm-smi"):
+    if shutil.which(tool):
+        q = ["--query-gpu=driver_version", "--format=csv,noheader"] if tool == "nvidia-smi" else ["--showdriverversion"]
+        info["driver"] = subprocess.run([tool, *q], capture_output=True, text=True).stdout.strip()
+shm = os.statvfs("/dev/shm")
+info["shm_gib"] = round(shm.f_frsize * shm.f_blocks / 2**30, 1)
+info["noset"] = {k: v for k, v in os.environ.items() if k.startswith("RAY_EXPERIMENTAL_NOSET")}
+info["visible"] = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}
+print(json.dumps(info))
+EOF
+
+run_stage gpu_step 300 "${py[@]}" bench/gpu_step.py --out "$out/gpu_step.json"
+
+run_stage colocated 240 uv run --locked rstar2-train tiny \
+    run.name=gpu-check run.runs_root="$out/runs" run.plots=false \
+    sft.enabled=false eval.before_sft=false eval.synthetic=false \
+    curriculum.plan=custom 'curriculum.stages=[{name: s1, max_response_tokens: 256, max_turns: 2, steps: 2}]' \
+    train.device=cuda train.dtype=bfloat16 engine.dtype=bfloat16 \
+    cluster.kind=ray cluster.colocate=true cluster.train_workers=1 \
+    cluster.gpus_per_train_worker=1 cluster.gpus_per_engine=1 \
+    cluster.sandbox_workers=2 cluster.verify_workers=1
+
+"${py[@]}" - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+summary = {"stages": [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]}
+env_log = (out / "env.log").read_text().strip().splitlines()
+try:
+    summary["env"] = json.loads(env_log[-1])
+except (IndexError, json.JSONDecodeError):
+    summary["env"] = None
+step = out / "gpu_step.json"
+summary["gpu_step"] = json.loads(step.read_text())["results"] if step.exists() else None
+metrics = sorted((out / "runs").glob("*/metrics.jsonl"))
+keys = ("time_sleep_s", "time_onload_s", "time_train_s", "time_sync_s", "time_wake_s",
+        "time_offload_s", "sync_bytes", "engines_dropped", "reward")
+if metrics:
+    rows = [json.loads(line) for line in metrics[-1].read_text().splitlines()]
+    summary["colocated"] = [{k: r.get(k) for k in ("step", *keys) if k in r or k == "step"}
+                            for r in rows if r.get("kind", r.get("phase")) in ("rl", None)]
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+print(f"gpu_check: wrote {out / 'summary.json'}")
+EOF
