@@ -76,6 +76,10 @@ class Capacity:
     update_gpu_us_per_token: float = 240.0  # forward+backward(+recompute) GPU-microseconds/token
     recompute_old_logprobs: bool = True  # one extra forward (1/4 of an update) before updating
     weight_sync_s: float = 20.0  # push weights to engines, sleep/wake, reset the prefix cache
+    # Colocated ranks move their training state (14B: 16 B/param over 64 ranks, 3.7 GB per GPU)
+    # to host memory after the push and back before the update: ~7.4 GB a step per GPU at an
+    # ASSUMED ~10 GB/s of pageable host<->device copy.
+    train_state_offload_s: float = 0.75
     other_s: float = 10.0  # data, advantages, RoC, logging, checkpoint share
     dt_s: float = 0.25  # simulation time step
     seed: int = 0
@@ -232,6 +236,7 @@ def estimate(c: Capacity, stage: Stage) -> dict[str, float]:
         "old logprobs (forward)": logprob_s,
         "update (forward + backward)": update_s,
         "weight sync to engines": c.weight_sync_s,
+        "training state offload + onload": c.train_state_offload_s,
         "other (data, RoC, log, ckpt)": c.other_s,
     }
     step_s = sum(phases.values())

@@ -168,6 +168,7 @@ class WorkerPolicy:
             )
         total = len(batches)
         warmup = max(1, int(total * sft.warmup_ratio))
+        await self._onload()  # colocated: the caller put the engines to sleep
         await self.group.reset_optimizer(lr=sft.lr, weight_decay=0.0, betas=(0.9, 0.999))
         first = last = float("nan")
         tokens = forwards = 0
