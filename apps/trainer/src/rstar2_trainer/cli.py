@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from rstar2_config import help_config_action
+from rstar2_config import help_config_action, read_yaml
 from rstar2_curriculum import DataError
 from rstar2_trainer.config import (
     ConfigError,
@@ -102,7 +102,7 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
             raise ConfigError(
                 "--init-from starts a new run and --resume continues one; use one of them"
             )
-        config = validate_config(yaml.safe_load(saved.read_text()), str(saved))
+        config = validate_config(read_yaml(saved), str(saved))
         return config, run_dir, True
     config = load_config(*_split(args))
     run_dir = config.run.output_dir

@@ -10,7 +10,8 @@ free port; a parent process reads that line). The agent loop's settings (system 
 output truncation, tool timeout) are the worker's own flags and must match the trainer's recipe;
 a request carries sampling, budget, turns and seed. A user mistake (no model folder, a port in
 use, a sandbox that does not answer, an engine extra not installed) is one line on stderr and
-exit code 2, never a traceback. `--token-file F` (mode 0600) makes every call need the run's
+exit code 2, never a traceback; every bad `--engine-option` or flag value is reported at once,
+a line each, in rstar2-config's words (`engine.max_num_seqs: ...`). `--token-file F` (mode 0600) makes every call need the run's
 token, which is also sent to the sandbox (or `--sandbox-token-file`); a non-loopback `--host`
 without a token is refused unless `--insecure`; `--tls-cert/--tls-key` serve over TLS. Not
 covered: several models per worker.
