@@ -27,12 +27,29 @@ class TinyModel(Section):
     width: int = Field(default=128, gt=0, description="Width.")
 
 
+class VllmEngine(Section):
+    """vLLM."""
+
+    kind: Literal["vllm"] = "vllm"
+    max_num_seqs: int = Field(default=128, gt=0, description="Sequences at once.")
+
+
+class HFEngine(Section):
+    """transformers."""
+
+    kind: Literal["hf"] = "hf"
+    attention: str = Field(default="sdpa", description="Attention kernel.")
+
+
 class PretrainedModel(Section):
     """A model folder."""
 
     kind: Literal["pretrained"] = "pretrained"
     path: str = Field(description="The folder.")
     revision: str = Field(default="main", description="Which revision.")
+    engine: Annotated[VllmEngine | HFEngine, Field(discriminator="kind")] | None = Field(
+        default=None, description="How it runs; None: the app's choice."
+    )
 
 
 class Stage(Section):
@@ -92,4 +109,6 @@ def recipes(tmp_path) -> Recipes:
 @pytest.fixture
 def app() -> SimpleNamespace:
     """The config classes above (test modules cannot import conftest)."""
-    return SimpleNamespace(Config=AppConfig, Tiny=TinyModel, Pretrained=PretrainedModel)
+    return SimpleNamespace(
+        Config=AppConfig, Tiny=TinyModel, Pretrained=PretrainedModel, HF=HFEngine
+    )

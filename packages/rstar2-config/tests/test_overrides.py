@@ -96,3 +96,13 @@ def test_an_unknown_kind_drops_nothing_and_is_one_line(app, recipes):
     with pytest.raises(ConfigError) as exc:
         load(app.Config, recipes, "small", ["model.kind=huge"])
     assert str(exc.value).startswith("model: Input tag 'huge' found using 'kind' does not match")
+
+
+def test_a_kind_inside_a_kind_switches_too(app, tmp_path):
+    from rstar2_config import Recipes
+
+    (tmp_path / "served.yaml").write_text(
+        "model: {kind: pretrained, path: /m, engine: {kind: vllm, max_num_seqs: 8}}\n"
+    )
+    config = load(app.Config, Recipes(tmp_path), "served", ["model.engine.kind=hf"])
+    assert config.model == app.Pretrained(path="/m", engine=app.HF())

@@ -101,10 +101,10 @@ def _switch_kind(
     """When `key` is the tag of a union of sections, drop the section's keys that the chosen
     variant lacks, except those in `given` (or under them, or inside a section given whole)."""
     section, _, leaf = key.rpartition(".")
-    name, tagged = _schema.variants(_schema.models(_schema.annotation_at(model, section)))
-    if not section or leaf != name or not isinstance(value, str) or value not in tagged:
+    node, annotation = _walk(tree, model, section) if section else (None, None)
+    name, tagged = _schema.variants(_schema.models(annotation))
+    if leaf != name or not isinstance(value, str) or value not in tagged:
         return
-    node = _node(tree, section)
     if not isinstance(node, dict):
         return
     fields = tagged[value].model_fields
@@ -116,12 +116,21 @@ def _switch_kind(
             del node[child]
 
 
-def _node(tree: Any, dotted: str) -> Any:
+def _walk(tree: Any, model: type[BaseModel], dotted: str) -> tuple[Any, Any]:
+    """The node of `tree` at `dotted` and its annotation in the schema (None where unknown); a
+    union of sections on the way is followed by the tag the tree gives it."""
+    node: Any = tree
+    annotation: Any = model
     for part in dotted.split("."):
-        if isinstance(tree, dict) and part in tree:
-            tree = tree[part]
-        elif isinstance(tree, list) and part.isdigit() and int(part) < len(tree):
-            tree = tree[int(part)]
+        arms = _schema.models(annotation)
+        owner = arms[0] if len(arms) == 1 else None
+        if len(arms) > 1 and isinstance(node, dict):
+            disc, tagged = _schema.variants(arms)
+            owner = tagged.get(str(node.get(disc)))
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node, annotation = node[int(part)], _schema.item_type(annotation)
+        elif isinstance(node, dict) and part in node and owner and part in owner.model_fields:
+            node, annotation = node[part], owner.model_fields[part].annotation
         else:
-            return None
-    return tree
+            return None, None
+    return node, annotation
