@@ -21,19 +21,22 @@ MEMBERS = {
     for m in ROOT["tool"]["uv"]["workspace"]["members"]
 }
 
-# The agreed edges (STYLE.md), by distribution name. The evaluator starts a sandbox server for
+# The agreed edges (STYLE.md), by distribution name. rstar2-config (pydantic and pyyaml) depends on
+# no sibling; the apps and `rstar2-rollout serve` read their configs with it. The evaluator starts a sandbox server for
 # the tool, so it may name rstar2-sandbox as well (ARCHITECTURE.md says why). The curriculum's
 # label check (`verify-labels`) samples with the rollout package's engines and agent loop (on a
 # sandbox) and grades with rstar2-verify: those edges exist only through its optional
 # `label-check` extra (OPTIONAL_ONLY), so its base install stays pydantic-only and torch-free.
 ALLOWED: dict[str, set[str]] = {
     "rstar2-proto": set(),
+    "rstar2-config": set(),
     "rstar2-sandbox": {"rstar2-proto"},
     "rstar2-verify": {"rstar2-proto"},
     "rstar2-algos": set(),
     "rstar2-curriculum": {"rstar2-rollout", "rstar2-verify", "rstar2-sandbox"},
-    "rstar2-rollout": {"rstar2-proto", "rstar2-sandbox"},
+    "rstar2-rollout": {"rstar2-proto", "rstar2-sandbox", "rstar2-config"},
     "rstar2-trainer": {
+        "rstar2-config",
         "rstar2-proto",
         "rstar2-sandbox",
         "rstar2-verify",
@@ -42,6 +45,7 @@ ALLOWED: dict[str, set[str]] = {
         "rstar2-curriculum",
     },
     "rstar2-evaluator": {
+        "rstar2-config",
         "rstar2-proto",
         "rstar2-sandbox",
         "rstar2-rollout",
@@ -54,6 +58,7 @@ OPTIONAL_ONLY: dict[str, set[str]] = {
 }
 NO_TORCH = [
     "rstar2-proto",
+    "rstar2-config",
     "rstar2-sandbox",
     "rstar2-verify",
     "rstar2-curriculum",

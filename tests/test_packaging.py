@@ -30,7 +30,13 @@ LOCK = tomllib.loads((REPO / "uv.lock").read_text())
 # `==` that a library may keep, with the reason. Empty: none needs one today.
 EXACT_PIN_ALLOWED: dict[str, str] = {}
 
-TORCH_FREE = ["rstar2-proto", "rstar2-verify", "rstar2-sandbox", "rstar2-curriculum"]
+TORCH_FREE = [
+    "rstar2-proto",
+    "rstar2-verify",
+    "rstar2-sandbox",
+    "rstar2-curriculum",
+    "rstar2-config",
+]
 
 # The three platforms the lock must cover, as marker environments and as wheel tags (CPython 3.11,
 # the lowest requires-python, so the strictest).
@@ -118,6 +124,7 @@ def test_the_libraries_are_the_members_outside_apps():
         "rstar2-algos",
         "rstar2-verify",
         "rstar2-curriculum",
+        "rstar2-config",
     }
 
 

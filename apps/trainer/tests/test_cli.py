@@ -48,7 +48,16 @@ def test_override_is_applied():
         (["tiny", "sft.direct_share=1.5"], "sft.direct_share"),
         (["tiny", "engine.replicas=2"], "engine.replicas is now engine_replicas"),
         (["tiny", "engine.max_num_seq=8"], "engine.max_num_seq: unknown key for engine.kind vllm"),
-        (["tiny", "engine.kind=hf"], "replace the section: 'engine={kind: hf}'"),
+        (
+            ["tiny", "engine.kind=hf", "engine.max_num_seqs=8"],
+            "engine.max_num_seqs: unknown key for engine.kind hf (max_num_seqs is a key of "
+            "engine.kind vllm)",
+        ),
+        (
+            ["tiny", "model.kind=pretrained", "model.layers=2", "model.path=/m"],
+            "model.layers: unknown key for model.kind pretrained (layers is a key of model.kind "
+            "tiny)",  # the recipe's tiny keys go, the command line's stay
+        ),
         (
             ["tiny", "curriculum.tiny.steps.3=5"],
             "curriculum.tiny.steps: Tuple should have at most 3",
@@ -159,13 +168,28 @@ def test_a_number_in_an_override_indexes_a_list():
     assert [(s.path, s.weight) for s in config.sft.source] == [("/data/sft.jsonl", 0.5)]
 
 
+def test_switching_a_sections_kind_drops_the_recipes_keys_of_the_old_kind(tmp_path, capsys):
+    # The contract: tiny.yaml's model is {kind: tiny, vocab_size, ...} and its curriculum.source
+    # {kind: synthetic, n, difficulty}; a user types only the new kind's keys.
+    argv = ["--dry-run", "model.kind=pretrained", f"model.path={tmp_path}"]
+    assert main(argv) == 0
+    assert f"model:\n  kind: pretrained\n  path: {tmp_path}\n" in capsys.readouterr().out
+    argv = ["--dry-run", "curriculum.source.kind=jsonl", f"curriculum.source.path={tmp_path}/f"]
+    assert main(argv) == 0
+    config = load_config("tiny", argv[1:])
+    assert config.curriculum.source.kind == "jsonl"
+    assert load_config("tiny", ["engine.kind=hf"]).engine.kind == "hf"
+
+
 def test_every_mistake_is_listed_a_line_each(capsys):
     argv = ["tiny", "rollout.top_p=-1", "optim.lr=0", "rollout.no_such=1", "sft.epochs=x"]
+    argv += ["run.seed.0=1"]
     assert main(argv) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "rstar2-train: 4 mistakes in tiny.yaml:"
+    assert lines[0] == "rstar2-train: 5 mistakes in tiny.yaml:"
     assert sorted(lines[1:]) == [
         "rstar2-train: optim.lr: Input should be greater than 0 (got 0)",
+        "rstar2-train: override run.seed.0: run.seed is a value, not a section",
         "rstar2-train: rollout.no_such: unknown key",
         "rstar2-train: rollout.top_p: Input should be greater than 0 (got -1)",
         "rstar2-train: sft.epochs: Input should be a valid integer, unable to parse string as an "
@@ -214,7 +238,7 @@ def test_help_config_runs_as_a_command():  # the contract: `rstar2-train --help-
 
 
 def test_every_config_key_has_a_description():
-    from rstar2_trainer._keys import describe
+    from rstar2_config import describe
     from rstar2_trainer.config import TrainerConfig
 
     docs = describe(TrainerConfig)

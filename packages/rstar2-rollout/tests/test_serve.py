@@ -99,8 +99,15 @@ def test_an_unreachable_sandbox_is_one_line(tiny_model: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["--engine-option", "max_num_seqs=0"], "invalid setting max_num_seqs: Input should be"),
-        (["--engine", "hf", "--engine-option", "enforce_eager=false"], "setting enforce_eager"),
+        (
+            ["--engine-option", "max_num_seqs=0"],
+            "engine.max_num_seqs: Input should be greater than 0 for engine.kind vllm (got 0)",
+        ),
+        (
+            ["--engine", "hf", "--engine-option", "enforce_eager=false"],
+            "engine.enforce_eager: unknown key for engine.kind hf (enforce_eager is a key of "
+            "engine.kind vllm)",
+        ),
     ],
 )
 def test_engine_settings_are_the_engine_config_and_mistakes_are_one_line(
@@ -108,8 +115,26 @@ def test_engine_settings_are_the_engine_config_and_mistakes_are_one_line(
 ) -> None:
     out = _serve("--model", str(tiny_model), "--sandbox", "local", "--port", "0", *args)
     assert out.returncode == 2
-    (only,) = out.stderr.strip().splitlines()
-    assert only.startswith("rstar2-rollout: ") and line in only
+    assert out.stderr.strip().splitlines() == [f"rstar2-rollout: {line}"]
+
+
+def test_every_mistake_in_the_settings_is_a_line(tiny_model: Path) -> None:
+    # rstar2-config's words, as rstar2-train and rstar2-eval say them
+    options = ["max_num_seqs=0", "enforce_eager=maybe", "model=/m"]
+    args = [a for option in options for a in ("--engine-option", option)]
+    out = _serve("--model", str(tiny_model), "--sandbox", "local", "--port", "0", *args,
+                 "--tool-timeout", "-1")  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[0] == "rstar2-rollout: 4 mistakes in the command line:"
+    assert sorted(lines[1:]) == [
+        "rstar2-rollout: --engine-option model: the engines run --model; drop the option",
+        "rstar2-rollout: --tool-timeout: Input should be greater than 0 (got -1.0)",
+        "rstar2-rollout: engine.enforce_eager: Input should be a valid boolean, unable to "
+        "interpret input for engine.kind vllm (got 'maybe')",
+        "rstar2-rollout: engine.max_num_seqs: Input should be greater than 0 for engine.kind "
+        "vllm (got 0)",
+    ]
 
 
 # ---------------------------------------------------------------- weights on the wire

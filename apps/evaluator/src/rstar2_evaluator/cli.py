@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rstar2_evaluator._keys import OverrideError, help_text
+from rstar2_config import help_config_action
 from rstar2_evaluator.benchmarks import BENCHMARKS, BenchmarkError
 from rstar2_evaluator.compare import compare_runs, read_summary
 from rstar2_evaluator.config import ConfigError, EvalConfig, load_config
@@ -82,25 +82,7 @@ def _benchmarks(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-class HelpConfig(argparse.Action):
-    """`--help-config [SECTION]`: the schema's keys on stdout, exit 0; an unknown section is one
-    line on stderr, exit 2. Like --help, it acts as soon as it is parsed."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        kwargs.update(nargs="?", const="", metavar="SECTION")
-        kwargs.setdefault(
-            "help", "list every key=value setting (or SECTION's) with its type, default and "
-            "description, exit",
-        )  # fmt: skip
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
-        try:
-            text = help_text(EvalConfig, str(values or ""))
-        except OverrideError as error:
-            parser.exit(2, f"rstar2-eval: {error}\n")
-        sys.stdout.write(text)
-        parser.exit(0)
+HelpConfig = help_config_action(EvalConfig, "rstar2-eval")
 
 
 def _parser() -> argparse.ArgumentParser:

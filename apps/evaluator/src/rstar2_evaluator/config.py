@@ -4,7 +4,7 @@ The defaults are the paper's protocol (section 5.1): temperature 0.6, 16 samples
 to 30 assistant turns, 30,720 response tokens (the repository's `max_response_length`). The
 configs in `configs/` are YAML files of this model; `load_config` reads one, applies `a.b=value`
 overrides from the command line (a number indexes a list: `pass_k.0=2`) and validates, naming
-every mistake on a line of its own. Nothing here reads the environment.
+every mistake on a line of its own (rstar2-config). Nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -12,19 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializationInfo,
-    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
 )
 
-from rstar2_evaluator._keys import OverrideError, error_lines, set_key
+from rstar2_config import ConfigError as ConfigError  # raised by load_config
+from rstar2_config import Recipes, Section, load
 from rstar2_rollout import EngineConfig, OpenAIEngineConfig
 from rstar2_sandbox import LocalSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_verify import RewardConfig, VerifyConfig
@@ -35,15 +32,9 @@ FREE_FORM = RewardConfig(graded="response", truncated="graded")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 if not CONFIG_DIR.is_dir():  # editable install: the configs live beside src/
     CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Recipes(CONFIG_DIR, noun="config")
 
-
-class ConfigError(ValueError):
-    """A config or an override a person must fix; its message is one actionable line per
-    mistake."""
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_Frozen = Section  # the sections below: frozen, unknown keys refused
 
 
 class LocalModel(_Frozen):
@@ -246,41 +237,12 @@ class EvalConfig(_Frozen):
 
 
 def configs() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    return CONFIGS.names()
 
 
 def load_config(
     name: str | Path, base: dict[str, Any], overrides: list[str] | None = None
 ) -> EvalConfig:
-    """A config file (a name in configs/ or a path) under `base` values and `a.b=value` overrides."""
-    path = Path(name)
-    if not path.suffix:
-        path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(
-            f"no config {str(name)!r}: choose one of {', '.join(configs())} or a path"
-        )
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
-    settings: list[tuple[str, Any]] = list(base.items())
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. samples=4)")
-        try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            value = raw
-        settings.append((key.strip(), value))
-    try:
-        for key, value in settings:
-            set_key(tree, key, value, EvalConfig)
-    except OverrideError as error:
-        raise ConfigError(str(error)) from None
-    try:
-        return EvalConfig.model_validate(tree)
-    except ValidationError as error:
-        lines = [f"invalid config: {line}" for line in error_lines(error, EvalConfig)]
-    raise ConfigError("\n".join(lines))
+    """A config file (a name in configs/ or a path) under `base` values (the command's MODEL and
+    BENCH) and `a.b=value` overrides; ConfigError listing every mistake (rstar2_config.load)."""
+    return load(EvalConfig, CONFIGS, name, overrides, base=base)

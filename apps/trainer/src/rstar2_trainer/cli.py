@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from rstar2_config import help_config_action, read_yaml
 from rstar2_curriculum import DataError
-from rstar2_trainer._keys import OverrideError, help_text
 from rstar2_trainer.config import (
     ConfigError,
     TrainerConfig,
@@ -70,27 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--help-config",
-        nargs="?",
-        const="",
-        metavar="SECTION",
-        action=HelpConfig,
+        action=help_config_action(TrainerConfig, "rstar2-train"),
         help="list every config key (or SECTION's: optim, engine, ...) with its type, default "
         "and description, exit",
     )
     return parser
-
-
-class HelpConfig(argparse.Action):
-    """`--help-config [SECTION]`: the schema's keys on stdout, exit 0; an unknown section is one
-    line on stderr, exit 2. Like --help, it acts as soon as it is parsed."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
-        try:
-            text = help_text(TrainerConfig, str(values or ""))
-        except OverrideError as exc:
-            parser.exit(2, f"rstar2-train: {exc}\n")
-        sys.stdout.write(text)
-        parser.exit(0)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -118,7 +102,7 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
             raise ConfigError(
                 "--init-from starts a new run and --resume continues one; use one of them"
             )
-        config = validate_config(yaml.safe_load(saved.read_text()), str(saved))
+        config = validate_config(read_yaml(saved), str(saved))
         return config, run_dir, True
     config = load_config(*_split(args))
     run_dir = config.run.output_dir

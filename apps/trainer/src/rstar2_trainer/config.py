@@ -1,7 +1,7 @@
 """`TrainerConfig`: the packages' configs composed into one, plus the run's own settings.
 
 Recipes are YAML files in `apps/trainer/configs/`; `load_config` reads one, applies `a.b=value`
-overrides from the command line and validates the result.
+overrides from the command line and validates the result (rstar2-config: every mistake one line).
 """
 
 from __future__ import annotations
@@ -10,13 +10,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializationInfo,
-    ValidationError,
     ValidationInfo,
     field_serializer,
     field_validator,
@@ -24,25 +20,21 @@ from pydantic import (
 )
 
 from rstar2_algos import AlgoConfig, GrpoRocConfig
+from rstar2_config import ConfigError as ConfigError  # raised by load_config
+from rstar2_config import Recipes, Section, load, validate
 from rstar2_curriculum import CurriculumConfig, SFTSources
 from rstar2_rollout import EngineConfig, RolloutConfig, SchedulerConfig, VLLMEngineConfig
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
-from rstar2_trainer._keys import OverrideError, error_lines, set_key
 from rstar2_trainer.placement.config import ClusterConfig, RemoteRolloutConfig
 from rstar2_verify import RewardConfig, VerifyConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 if not CONFIG_DIR.is_dir():  # editable install: the recipes live beside src/
     CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+RECIPES = Recipes(CONFIG_DIR)
+RENAMED = {"engine.replicas": "engine_replicas (a top-level key)"}
 
-
-class ConfigError(ValueError):
-    """A recipe or an override a person must fix; its message is one actionable line per
-    mistake."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_Section = Section  # the sections below: frozen, unknown keys refused
 
 
 class WandbSettings(_Section):
@@ -522,44 +514,16 @@ def context_tokens(config: TrainerConfig) -> int:
 
 
 def recipes() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    return RECIPES.names()
 
 
 def validate_config(tree: dict[str, Any], source: str) -> TrainerConfig:
     """`tree` as a `TrainerConfig`; ConfigError listing every mistake, one line each."""
-    try:
-        return TrainerConfig.model_validate(tree)
-    except ValidationError as exc:
-        lines = error_lines(exc, TrainerConfig)
-    renamed = "engine.replicas: unknown key"
-    lines = [
-        "engine.replicas is now engine_replicas (a top-level key)" if line.startswith(renamed)
-        else line
-        for line in lines
-    ]  # fmt: skip
-    if len(lines) > 1:
-        lines.insert(0, f"{len(lines)} mistakes in {source}:")
-    raise ConfigError("\n".join(lines))
+    return validate(TrainerConfig, tree, source, RENAMED)
 
 
 def load_config(recipe: str | Path = "tiny", overrides: list[str] | None = None) -> TrainerConfig:
     """Read a recipe (a name in configs/ or a path), apply `a.b=value` overrides (a number indexes
-    a list: `curriculum.tiny.steps.1=5`; see `_keys.set_key`), validate."""
-    path = Path(recipe)
-    if not path.suffix:
-        path = CONFIG_DIR / f"{recipe}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"no recipe {recipe!r}: choose one of {', '.join(recipes())} or a path")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}".splitlines()[0]) from None
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form a.b=value")
-        try:
-            set_key(tree, key, yaml.safe_load(raw), TrainerConfig)
-        except OverrideError as exc:
-            raise ConfigError(str(exc)) from None
-    return validate_config(tree, path.name)
+    a list: `curriculum.tiny.steps.1=5`; `model.kind=pretrained` switches the section), validate;
+    ConfigError listing every mistake (rstar2_config.load)."""
+    return load(TrainerConfig, RECIPES, recipe, overrides, renamed=RENAMED)

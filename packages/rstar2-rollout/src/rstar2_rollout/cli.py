@@ -10,7 +10,8 @@ free port; a parent process reads that line). The agent loop's settings (system 
 output truncation, tool timeout) are the worker's own flags and must match the trainer's recipe;
 a request carries sampling, budget, turns and seed. A user mistake (no model folder, a port in
 use, a sandbox that does not answer, an engine extra not installed) is one line on stderr and
-exit code 2, never a traceback. `--token-file F` (mode 0600) makes every call need the run's
+exit code 2, never a traceback; every bad `--engine-option` or flag value is reported at once,
+a line each, in rstar2-config's words (`engine.max_num_seqs: ...`). `--token-file F` (mode 0600) makes every call need the run's
 token, which is also sent to the sandbox (or `--sandbox-token-file`); a non-loopback `--host`
 without a token is refused unless `--insecure`; `--tls-cert/--tls-key` serve over TLS. Not
 covered: several models per worker.
@@ -31,8 +32,9 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from rstar2_config import ConfigError, error_lines, mistakes
 from rstar2_rollout.config import (
     EngineConfig,
     Policy,
@@ -48,8 +50,9 @@ class UsageError(Exception):
     """A mistake the user can fix; printed as one line."""
 
 
-def _engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
-    """`--engines` configs of kind `--engine`: engine i seeded `--seed` + i."""
+def _engine_configs(args: argparse.Namespace) -> tuple[list[EngineConfig], list[str]]:
+    """`--engines` configs of kind `--engine`: engine i seeded `--seed` + i; and a line for each
+    mistake in the options (rstar2-config's words: `engine.max_num_seqs: ...`)."""
     model = Path(args.model)
     if not (model / "config.json").is_file():
         raise UsageError(f"no model at {model}: expected a folder with config.json and weights")
@@ -61,17 +64,31 @@ def _engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     }
     # unset flags, and --dtype auto, leave the kind's default (hf's is float32)
     given = {key: value for key, value in flags.items() if value not in (None, "auto")}
+    options, lines = {}, []
+    for text in args.engine_option:
+        try:
+            key, value = _option(text)
+        except UsageError as exc:
+            lines.append(str(exc))
+            continue
+        if key == "model":
+            lines.append("--engine-option model: the engines run --model; drop the option")
+            continue
+        options[key] = value
     try:
-        options = dict(_option(text) for text in args.engine_option)
-        if "model" in options:
-            raise UsageError("--engine-option model: the engines run --model; drop the option")
-        chosen = TypeAdapter(EngineConfig).validate_python({"kind": args.engine, **options})
-        return [
+        chosen = _Engine.model_validate({"engine": {"kind": args.engine, **options}}).engine
+        configs = [
             chosen.fill(model=str(model), seed=args.seed + i, **given) for i in range(args.engines)
         ]
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"invalid setting {first['loc'][-1]}: {first['msg']}") from None
+        return [], lines + error_lines(exc, _Engine)
+    return configs, lines
+
+
+class _Engine(BaseModel):
+    """The engine flags of `serve` as a config, so that errors name `engine.KEY`."""
+
+    engine: EngineConfig
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -84,25 +101,50 @@ def _option(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def _settings(args: argparse.Namespace) -> tuple[RolloutConfig, SchedulerConfig, WorkerConfig]:
+class _Settings(BaseModel):
+    """The agent loop's, the scheduler's and a request's settings of `serve`, from its flags."""
+
+    rollout: RolloutConfig
+    scheduler: SchedulerConfig
+    worker: WorkerConfig
+
+
+# The flag each setting comes from, to name it in a mistake's line.
+_FLAGS = {
+    "rollout.system_prompt": "--system-prompt",
+    "rollout.max_tool_response_chars": "--max-tool-response-chars",
+    "rollout.tool_timeout_s": "--tool-timeout",
+    "rollout.max_context_tokens": "--max-model-len",
+    "scheduler.policy.kv_tokens_fallback": "--kv-tokens",
+    "worker.max_response_tokens": "--max-response-tokens",
+    "worker.max_turns": "--max-turns",
+}
+
+
+def _settings(args: argparse.Namespace) -> tuple[_Settings | None, list[str]]:
+    """The settings from the flags; or None and a line for each mistake, naming its flag."""
+    policy: dict[str, Any] = {"kind": args.policy}
+    if args.policy.startswith("kv_"):
+        policy["kv_tokens_fallback"] = args.kv_tokens
+    tree = {
+        "rollout": {
+            "system_prompt": args.system_prompt,
+            "max_tool_response_chars": args.max_tool_response_chars,
+            "tool_timeout_s": args.tool_timeout,
+            "max_context_tokens": args.max_model_len,
+        },
+        "scheduler": {"policy": policy},
+        "worker": {"max_response_tokens": args.max_response_tokens, "max_turns": args.max_turns},
+    }
     try:
-        rollout = RolloutConfig(
-            system_prompt=args.system_prompt,
-            max_tool_response_chars=args.max_tool_response_chars,
-            tool_timeout_s=args.tool_timeout,
-            max_context_tokens=args.max_model_len,
-        )
-        fields: dict[str, Any] = {"kind": args.policy}
-        if args.policy.startswith("kv_"):
-            fields["kv_tokens_fallback"] = args.kv_tokens
-        policy: Any = TypeAdapter(Policy).validate_python(fields)
-        worker = WorkerConfig(
-            max_response_tokens=args.max_response_tokens, max_turns=args.max_turns
-        )
+        return _Settings.model_validate(tree), []
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"invalid setting {first['loc'][0]}: {first['msg']}") from None
-    return rollout, SchedulerConfig(policy=policy), worker
+        lines = error_lines(exc, _Settings)
+    named = []
+    for line in lines:
+        key, sep, rest = line.partition(": ")
+        named.append(f"{_FLAGS.get(key, key)}{sep}{rest}")
+    return None, named
 
 
 def _token(path: str | None) -> str | None:
@@ -167,13 +209,16 @@ async def _serve(args: argparse.Namespace) -> None:
     from rstar2_rollout.weights import WeightSpec
     from rstar2_rollout.worker import RolloutWorker, agent_producer
 
-    configs = _engine_configs(args)
+    configs, lines = _engine_configs(args)
+    settings, more = _settings(args)
+    if settings is None or lines:
+        raise mistakes(lines + more, "the command line")
     if args.engine == "vllm" and args.engines > 1 and not _has_accelerator():
         raise UsageError(
             "the CPU build of vLLM runs one engine per process (two crash in one): start one"
             " worker per engine with --engines 1; the trainer spreads problems across workers"
         )
-    rollout, scheduling, limits = _settings(args)
+    rollout, scheduling, limits = settings.rollout, settings.scheduler, settings.worker
     token = _token(args.token_file)
     sandbox_token = _token(args.sandbox_token_file) if args.sandbox_token_file else token
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -358,8 +403,9 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(_serve(args))
         else:
             asyncio.run(_info(args.address, _token(args.token_file)))
-    except UsageError as exc:
-        print(f"rstar2-rollout: {exc}", file=sys.stderr)
+    except (UsageError, ConfigError) as exc:
+        for line in str(exc).splitlines():  # one line per mistake
+            print(f"rstar2-rollout: {line}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
