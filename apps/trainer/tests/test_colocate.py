@@ -26,6 +26,8 @@ from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# A loaded 2-core machine starts Ray's metrics agent slowly; the raylet would give up on it.
+os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
 pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
 
 pytestmark = [
