@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 
+from rstar2_verify._budget import check
 from rstar2_verify.expr import (
     Add,
     Const,
@@ -68,16 +69,21 @@ def _root(value: int, n: int) -> int | None:
     """The exact integer n-th root of a non-negative int, or None."""
     if value < 2:
         return value
-    guess = round(math.exp(math.log(value) / n)) if value.bit_length() < 1000 else None
-    if guess is None:
-        lo, hi = 0, 1 << (value.bit_length() // n + 1)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if mid**n <= value:
-                lo = mid
-            else:
-                hi = mid - 1
-        guess = lo
+    if n == 2:
+        guess = math.isqrt(value)
+    elif value.bit_length() < 1000:
+        guess = round(math.exp(math.log(value) / n))
+    else:  # a float estimate of the top bits (from above), then integer Newton: O(log bits)
+        shift = value.bit_length() - 1000
+        shift -= shift % n
+        estimate = math.exp(math.log(value >> shift) / n) * (1 + 1e-9)
+        guess = (int(estimate) + 1) << (shift // n)
+        while True:
+            check()
+            nxt = ((n - 1) * guess + value // guess ** (n - 1)) // n
+            if nxt >= guess:
+                break
+            guess = nxt
     for g in (guess - 1, guess, guess + 1):
         if g >= 0 and g**n == value:
             return g
@@ -96,6 +102,7 @@ def exact_value(node: Node, max_digits: int = 20_000) -> Fraction | None:
 
     Raises `TooComplexError` when an intermediate value would pass `max_digits` digits.
     """
+    check()
     if isinstance(node, Num):
         return node.value
     if isinstance(node, Add):
@@ -458,6 +465,7 @@ def _sequence(gold: Seq, answer: Seq, scalar: Scalar) -> bool | None:
 
 def judge(gold: Node, answer: Node, scalar: Scalar) -> bool | None:
     """True/False when `answer` is/is not the same answer as `gold`; None when unsure."""
+    check()
     if gold == answer:  # the same tree (`x` and `x`): no scalar needed
         return True
     gold, answer = _canon(gold), _canon(answer)
