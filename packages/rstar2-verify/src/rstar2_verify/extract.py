@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rstar2_verify._budget import check
 from rstar2_verify._prose import answer_in, clean, is_prose, last_sentence, math_spans
 
 __all__ = ["Extraction", "extract_answer", "find_boxes", "gold_answer"]
@@ -122,7 +123,13 @@ def find_boxes(text: str) -> list[tuple[str, int, int]]:
     stack: list[tuple[int, int]] = []  # per open brace: (start of its box command or -1, after it)
     pending = -1
     n = len(text)
-    for m in _BOX_SCAN.finditer(text):
+    starts = [k for k in (text.find("\\boxed"), text.find("\\fbox")) if k >= 0]
+    if not starts:
+        return []
+    # braces before the first box command cannot enclose or close a box: start there
+    for count, m in enumerate(_BOX_SCAN.finditer(text, min(starts))):
+        if count & 4095 == 4095:
+            check()
         tok = m.group()
         if len(tok) > 2:  # \boxed or \fbox
             end = m.end()
