@@ -325,11 +325,37 @@ def _canon(node: Node) -> Node:
         base = node.base if node.base is not None else Num(Fraction(0))
         minus = Mul((Num(Fraction(-1)), node.delta), (False, False))
         return Seq((Add((base, node.delta)), Add((base, minus))), "{", "}")
+    if isinstance(node, Seq) and node.left == "{" and len(node.items) > 1:
+        unique = tuple(dict.fromkeys(node.items))  # {1, 1, 2} is {1, 2}: written repeats
+        if len(unique) < len(node.items):
+            return Seq(unique, "{", "}")
+    if isinstance(node, Seq) and not node.left:
+        solutions = _assignments(node)
+        if solutions is not None:
+            return solutions
     if isinstance(node, Union) and len(node.parts) == 1:
         return node.parts[0]
     if isinstance(node, Add | Mul):
         return _matrix_arithmetic(node) or node
     return node
+
+
+def _assignments(node: Seq) -> Seq | None:
+    """`x=1, y=2; x=3, y=4` (the same symbols assigned in the same order, twice or more) as
+    the solutions `(1, 2), (3, 4)`; None for anything else."""
+    items = node.items
+    if not all(
+        isinstance(r, Rel) and r.ops == ("=",) and isinstance(r.items[0], Sym) for r in items
+    ):
+        return None
+    names = [r.items[0].name for r in items]  # type: ignore[union-attr]
+    width = len(dict.fromkeys(names))
+    if width < 2 or len(items) % width or len(items) == width:
+        return None
+    if any(names[k] != names[k % width] for k in range(len(names))):
+        return None
+    rows = [items[k : k + width] for k in range(0, len(items), width)]
+    return Seq(tuple(Seq(tuple(r.items[1] for r in row), "(", ")") for row in rows), "", "")  # type: ignore[union-attr]
 
 
 def _matrix_arithmetic(node: Add | Mul) -> Matrix | None:

@@ -40,7 +40,10 @@ __all__ = ["Extraction", "extract_answer", "find_boxes", "gold_answer"]
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOX_SCAN = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*|\\[{}]|[{}]")
 _HIDDEN_TAGS = ("think", "reason", "tool_call", "tool_response")
-_SEPARATOR = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*and\s*\}|and|\\,)*$")
+_SEPARATOR = re.compile(
+    r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\}|and|or|\\,"
+    r"|for\s+part\s+\(?[a-z0-9]\)?:?)*$"
+)  # one box per root or part: `\boxed{2} or \boxed{-3}`, `\boxed{5}, for part (b) \boxed{7}`
 _FINISHED = re.compile(r"[.!]\s*(?:\$+|\\\]|\\\))?\s*$")
 _ANSWER_LINE = re.compile(
     r"(?:final\s+answer|the\s+answer\s+is|answer\s*:|\banswer\b(?=\s*(?:\$|\\\(|\\\[))|####)"

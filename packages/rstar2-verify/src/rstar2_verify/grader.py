@@ -12,7 +12,8 @@ Order, cheapest first; the first that decides wins and is named in `Grade.method
 are all a `Grade` with `correct=False` and a `reason`. One grade's own work is bounded by
 `timeout_s` (default 0.8 s) in all: steps 1-4 run under an in-process deadline (`_budget.py`,
 checked per token and per node compared), and the worker gets what is left of it, waiting for
-an idle worker included; past it the grade is `reason="timeout"`. `Grader` owns the worker pool and is
+an idle worker included; past it the grade is `reason="timeout"`. In `grade_many` and
+`agrade_many` the wait for a free worker (the batch's queue) is not charged to a grade. `Grader` owns the worker pool and is
 safe to share between threads and event loops; the module-level `grade*` functions use one
 lazily started `Grader` per `VerifyConfig`, closed at interpreter exit.
 """
@@ -153,6 +154,9 @@ def _prepare_unsafe(
     return _Pending(gold_tree, answer_tree, answer, g_norm, where[1], spent)
 
 
+_BATCH_QUEUE_S = 60.0  # how long a batch's pair may wait for a free worker, uncharged
+
+
 class Grader:
     """Owns the worker pool; `grade`, `grade_many`, `agrade`, `agrade_many`; a context manager."""
 
@@ -180,10 +184,11 @@ class Grader:
         if wait_s > 0:
             self.pool.wait_ready(wait_s)
 
-    def _finish(self, pending: _Pending, timeout_s: float | None) -> Grade:
+    def _finish(self, pending: _Pending, timeout_s: float | None, batch: bool = False) -> Grade:
         began = time.perf_counter()
         left = (timeout_s or self.config.timeout_s) - pending.spent
-        outcome = self.pool.run(pending.gold, pending.answer, max(left, 0.001))
+        queue_s = _BATCH_QUEUE_S if batch else None  # a batch's queue is not a grade's time
+        outcome = self.pool.run(pending.gold, pending.answer, max(left, 0.001), queue_s)
         correct = outcome.status == "ok" and outcome.correct
         reason = ("" if correct else "mismatch") if outcome.status == "ok" else outcome.status
         elapsed = pending.spent + time.perf_counter() - began
@@ -207,25 +212,27 @@ class Grader:
         """Grade many (response, gold) pairs; symbolic checks run on every worker at once."""
         prepared = [_prepare(r, g, self.config) for r, g in pairs]
         futures = {
-            k: self._threads.submit(self._finish, p, None)
+            k: self._threads.submit(self._finish, p, None, True)
             for k, p in enumerate(prepared)
             if isinstance(p, _Pending)
         }
         return [futures[k].result() if k in futures else p for k, p in enumerate(prepared)]  # type: ignore[misc]
 
-    async def agrade(self, response: Any, gold: Any, timeout_s: float | None = None) -> Grade:
+    async def agrade(
+        self, response: Any, gold: Any, timeout_s: float | None = None, batch: bool = False
+    ) -> Grade:
         """`grade` for an event loop: the cheap path inline, the worker wait in a thread."""
         prepared = _prepare(response, gold, self.config, timeout_s)
         if isinstance(prepared, Grade):
             return prepared
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self._finish, prepared, timeout_s)
+        return await loop.run_in_executor(self._threads, self._finish, prepared, timeout_s, batch)
 
     async def agrade_many(
         self, pairs: Iterable[tuple[Any, Any]], timeout_s: float | None = None
     ) -> list[Grade]:
         """`grade_many` for an event loop."""
-        return list(await asyncio.gather(*(self.agrade(r, g, timeout_s) for r, g in pairs)))
+        return list(await asyncio.gather(*(self.agrade(r, g, timeout_s, True) for r, g in pairs)))
 
 
 _graders: dict[VerifyConfig, Grader] = {}
