@@ -9,5 +9,5 @@ from rstar2_verify import Grader, VerifyConfig
 def grader() -> Iterator[Grader]:
     """One pool for the whole run: starting sympy workers costs seconds on a busy machine."""
     with Grader(VerifyConfig(workers=2)) as g:
-        g.start()
+        g.start(wait_s=120)
         yield g

@@ -219,9 +219,38 @@ def _mixed_plain(match: re.Match[str]) -> str:
     return f"{'-' if sign == '-' else ''}({whole}+{num}/{den})"
 
 
+_TRIG_DEGREES = re.compile(
+    r"\\(sin|cos|tan|sec|csc|cot)\s*(\()?\s*(\d+(?:\.\d+)?)\s*\^\s*\{?\s*\\circ\s*\}?\s*(?(2)\))"
+)
+# 101_2, 1A_{16}: a numeral (a digit first) with a base subscript, read as its value
+_BASE = re.compile(r"(?<![\w.])(\d[0-9A-Z]*)_\{?(\d{1,2})\}?(?![\w.])")
+_LIMIT = re.compile(r"^\s*\\lim_\{[^{}]*\}[^=]*=")  # \lim_{x \to 0} f(x) = 2 states 2
+_INVERSE = re.compile(r"(?<![a-zA-Z\\])([a-zA-Z])\^\{?-1\}?(?=\s*\()")  # f^{-1}(x): a name
+
+
+def _trig_degrees(match: re.Match[str]) -> str:
+    """`\\sin 30^\\circ` is sin(30 pi/180): degrees are dropped elsewhere, not inside trig."""
+    name, _, value = match.groups()
+    return f"\\{name}({value}\\pi/180)"
+
+
+def _base(match: re.Match[str]) -> str:
+    digits, base = match.group(1), int(match.group(2))
+    if not 2 <= base <= 36:
+        return match.group(0)
+    try:
+        return str(int(digits, base))
+    except ValueError:
+        return match.group(0)  # a digit out of range: left as written
+
+
 def normalize(s: str) -> str:
     """The answer with LaTeX noise removed; see the module docstring."""
     s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], s)
+    s = _TRIG_DEGREES.sub(_trig_degrees, s)
+    s = _BASE.sub(_base, s)
+    s = _LIMIT.sub("L =", s)
+    s = _INVERSE.sub(r"\1_{-1}", s)
     s = _approx(s)
     s = _THOUSANDS_GROUP.sub("", s)
     s = re.sub(r"(?<!\\)\\\s*$", "", s).replace("**", "^")

@@ -145,7 +145,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def pool_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--workers", type=int, help="worker processes (default: one per core)")
-        p.add_argument("--timeout-s", type=float, help="wall-clock limit of a symbolic check")
+        p.add_argument(
+            "--timeout-s", type=float, help="wall-clock bound of one grade (default 0.8)"
+        )
         p.add_argument("--memory-mb", type=int, help="address-space cap of each worker")
 
     p = sub.add_parser("grade", help="grade one response against one gold answer")

@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 
+from rstar2_verify._budget import check
 from rstar2_verify.expr import (
     Add,
     Const,
@@ -68,16 +69,21 @@ def _root(value: int, n: int) -> int | None:
     """The exact integer n-th root of a non-negative int, or None."""
     if value < 2:
         return value
-    guess = round(math.exp(math.log(value) / n)) if value.bit_length() < 1000 else None
-    if guess is None:
-        lo, hi = 0, 1 << (value.bit_length() // n + 1)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if mid**n <= value:
-                lo = mid
-            else:
-                hi = mid - 1
-        guess = lo
+    if n == 2:
+        guess = math.isqrt(value)
+    elif value.bit_length() < 1000:
+        guess = round(math.exp(math.log(value) / n))
+    else:  # a float estimate of the top bits (from above), then integer Newton: O(log bits)
+        shift = value.bit_length() - 1000
+        shift -= shift % n
+        estimate = math.exp(math.log(value >> shift) / n) * (1 + 1e-9)
+        guess = (int(estimate) + 1) << (shift // n)
+        while True:
+            check()
+            nxt = ((n - 1) * guess + value // guess ** (n - 1)) // n
+            if nxt >= guess:
+                break
+            guess = nxt
     for g in (guess - 1, guess, guess + 1):
         if g >= 0 and g**n == value:
             return g
@@ -96,6 +102,7 @@ def exact_value(node: Node, max_digits: int = 20_000) -> Fraction | None:
 
     Raises `TooComplexError` when an intermediate value would pass `max_digits` digits.
     """
+    check()
     if isinstance(node, Num):
         return node.value
     if isinstance(node, Add):
@@ -318,11 +325,37 @@ def _canon(node: Node) -> Node:
         base = node.base if node.base is not None else Num(Fraction(0))
         minus = Mul((Num(Fraction(-1)), node.delta), (False, False))
         return Seq((Add((base, node.delta)), Add((base, minus))), "{", "}")
+    if isinstance(node, Seq) and node.left == "{" and len(node.items) > 1:
+        unique = tuple(dict.fromkeys(node.items))  # {1, 1, 2} is {1, 2}: written repeats
+        if len(unique) < len(node.items):
+            return Seq(unique, "{", "}")
+    if isinstance(node, Seq) and not node.left:
+        solutions = _assignments(node)
+        if solutions is not None:
+            return solutions
     if isinstance(node, Union) and len(node.parts) == 1:
         return node.parts[0]
     if isinstance(node, Add | Mul):
         return _matrix_arithmetic(node) or node
     return node
+
+
+def _assignments(node: Seq) -> Seq | None:
+    """`x=1, y=2; x=3, y=4` (the same symbols assigned in the same order, twice or more) as
+    the solutions `(1, 2), (3, 4)`; None for anything else."""
+    items = node.items
+    if not all(
+        isinstance(r, Rel) and r.ops == ("=",) and isinstance(r.items[0], Sym) for r in items
+    ):
+        return None
+    names = [r.items[0].name for r in items]  # type: ignore[union-attr]
+    width = len(dict.fromkeys(names))
+    if width < 2 or len(items) % width or len(items) == width:
+        return None
+    if any(names[k] != names[k % width] for k in range(len(names))):
+        return None
+    rows = [items[k : k + width] for k in range(0, len(items), width)]
+    return Seq(tuple(Seq(tuple(r.items[1] for r in row), "(", ")") for row in rows), "", "")  # type: ignore[union-attr]
 
 
 def _matrix_arithmetic(node: Add | Mul) -> Matrix | None:
@@ -458,6 +491,7 @@ def _sequence(gold: Seq, answer: Seq, scalar: Scalar) -> bool | None:
 
 def judge(gold: Node, answer: Node, scalar: Scalar) -> bool | None:
     """True/False when `answer` is/is not the same answer as `gold`; None when unsure."""
+    check()
     if gold == answer:  # the same tree (`x` and `x`): no scalar needed
         return True
     gold, answer = _canon(gold), _canon(answer)

@@ -16,7 +16,11 @@ class VerifyConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     timeout_s: float = Field(
-        default=1.5, gt=0, le=600, description="Wall-clock limit of one symbolic check."
+        default=0.8,
+        gt=0,
+        le=600,
+        description="Wall-clock bound of one whole grade: extraction, parsing, the exact "
+        "comparison and the symbolic check (with the wait for a worker) together.",
     )
     max_answer_chars: int = Field(
         default=20_000, gt=0, description="Longer extracted answers (and golds) are not parsed."

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rstar2_verify._budget import check
 from rstar2_verify._prose import answer_in, clean, is_prose, last_sentence, math_spans
 
 __all__ = ["Extraction", "extract_answer", "find_boxes", "gold_answer"]
@@ -39,7 +40,10 @@ __all__ = ["Extraction", "extract_answer", "find_boxes", "gold_answer"]
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOX_SCAN = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*|\\[{}]|[{}]")
 _HIDDEN_TAGS = ("think", "reason", "tool_call", "tool_response")
-_SEPARATOR = re.compile(r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*and\s*\}|and|\\,)*$")
+_SEPARATOR = re.compile(
+    r"^(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\}|and|or|\\,"
+    r"|for\s+part\s+\(?[a-z0-9]\)?:?)*$"
+)  # one box per root or part: `\boxed{2} or \boxed{-3}`, `\boxed{5}, for part (b) \boxed{7}`
 _FINISHED = re.compile(r"[.!]\s*(?:\$+|\\\]|\\\))?\s*$")
 _ANSWER_LINE = re.compile(
     r"(?:final\s+answer|the\s+answer\s+is|answer\s*:|\banswer\b(?=\s*(?:\$|\\\(|\\\[))|####)"
@@ -122,7 +126,13 @@ def find_boxes(text: str) -> list[tuple[str, int, int]]:
     stack: list[tuple[int, int]] = []  # per open brace: (start of its box command or -1, after it)
     pending = -1
     n = len(text)
-    for m in _BOX_SCAN.finditer(text):
+    starts = [k for k in (text.find("\\boxed"), text.find("\\fbox")) if k >= 0]
+    if not starts:
+        return []
+    # braces before the first box command cannot enclose or close a box: start there
+    for count, m in enumerate(_BOX_SCAN.finditer(text, min(starts))):
+        if count & 4095 == 4095:
+            check()
         tok = m.group()
         if len(tok) > 2:  # \boxed or \fbox
             end = m.end()

@@ -9,7 +9,11 @@ Order, cheapest first; the first that decides wins and is named in `Grade.method
 5. `symbolic`: the undecided pair goes to a worker (`pool.py`) with a hard time limit.
 
 `grade` never raises and never hangs: bad input, unparsable text, a timeout or a dead worker
-are all a `Grade` with `correct=False` and a `reason`. `Grader` owns the worker pool and is
+are all a `Grade` with `correct=False` and a `reason`. One grade's own work is bounded by
+`timeout_s` (default 0.8 s) in all: steps 1-4 run under an in-process deadline (`_budget.py`,
+checked per token and per node compared), and the worker gets what is left of it, waiting for
+an idle worker included; past it the grade is `reason="timeout"`. In `grade_many` and
+`agrade_many` the wait for a free worker (the batch's queue) is not charged to a grade. `Grader` owns the worker pool and is
 safe to share between threads and event loops; the module-level `grade*` functions use one
 lazily started `Grader` per `VerifyConfig`, closed at interpreter exit.
 """
@@ -26,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from rstar2_verify._budget import DeadlineExceeded, deadline
 from rstar2_verify._latex import normalize
 from rstar2_verify.compare import TooComplexError, exact_scalar, judge
 from rstar2_verify.config import VerifyConfig
@@ -34,7 +39,7 @@ from rstar2_verify.extract import extract_answer, gold_answer
 from rstar2_verify.parse import ParseError, nesting_depth, parse
 from rstar2_verify.pool import WorkerPool
 
-__all__ = ["Grade", "Grader", "agrade", "agrade_many", "grade", "grade_many"]
+__all__ = ["Grade", "Grader", "agrade", "agrade_many", "grade", "grade_many", "shared_grader"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +64,7 @@ class _Pending:
     extracted: str
     gold_normalized: str
     source: str
-    start: float
+    spent: float  # seconds the cheap path took
 
 
 def _text(value: Any) -> str | None:
@@ -78,10 +83,16 @@ def _squash(s: str) -> str:
     return "".join(s.split()).lower().replace("{", "").replace("}", "").strip("()")
 
 
-def _prepare(response: Any, gold: Any, config: VerifyConfig) -> Grade | _Pending:
+def _prepare(
+    response: Any, gold: Any, config: VerifyConfig, timeout_s: float | None = None
+) -> Grade | _Pending:
     start = time.perf_counter()
     try:
-        return _prepare_unsafe(response, gold, config, start)
+        with deadline(timeout_s or config.timeout_s):
+            return _prepare_unsafe(response, gold, config, start)
+    except DeadlineExceeded:
+        elapsed = time.perf_counter() - start
+        return Grade(False, None, "", "", "timeout", elapsed, "none")
     except Exception as exc:  # a parser bug must cost one reward, not a training step
         elapsed = time.perf_counter() - start
         return Grade(False, None, "", "", f"error: {type(exc).__name__}", elapsed, "none")
@@ -139,7 +150,11 @@ def _prepare_unsafe(
         return done(False, "", "too_deep", answer, g_norm, where[1])
     if verdict is not None:
         return done(verdict, "exact", "" if verdict else "mismatch", answer, g_norm, where[1])
-    return _Pending(gold_tree, answer_tree, answer, g_norm, where[1], start)
+    spent = time.perf_counter() - start
+    return _Pending(gold_tree, answer_tree, answer, g_norm, where[1], spent)
+
+
+_BATCH_QUEUE_S = 60.0  # how long a batch's pair may wait for a free worker, uncharged
 
 
 class Grader:
@@ -162,15 +177,21 @@ class Grader:
         self._threads.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
 
-    def start(self) -> None:
-        """Start the workers now rather than on the first symbolic check."""
+    def start(self, wait_s: float = 0.0) -> None:
+        """Start the workers now rather than on the first symbolic check; with `wait_s`, wait
+        up to that long until all are ready (a grade never waits longer than its bound)."""
         self.pool.start()
+        if wait_s > 0:
+            self.pool.wait_ready(wait_s)
 
-    def _finish(self, pending: _Pending, timeout_s: float | None) -> Grade:
-        outcome = self.pool.run(pending.gold, pending.answer, timeout_s or self.config.timeout_s)
+    def _finish(self, pending: _Pending, timeout_s: float | None, batch: bool = False) -> Grade:
+        began = time.perf_counter()
+        left = (timeout_s or self.config.timeout_s) - pending.spent
+        queue_s = _BATCH_QUEUE_S if batch else None  # a batch's queue is not a grade's time
+        outcome = self.pool.run(pending.gold, pending.answer, max(left, 0.001), queue_s)
         correct = outcome.status == "ok" and outcome.correct
         reason = ("" if correct else "mismatch") if outcome.status == "ok" else outcome.status
-        elapsed = time.perf_counter() - pending.start
+        elapsed = pending.spent + time.perf_counter() - began
         method = "symbolic" if outcome.status == "ok" else ""
         return Grade(
             correct,
@@ -184,45 +205,54 @@ class Grader:
 
     def grade(self, response: Any, gold: Any, timeout_s: float | None = None) -> Grade:
         """Grade one response against one gold answer; never raises on bad input."""
-        prepared = _prepare(response, gold, self.config)
+        prepared = _prepare(response, gold, self.config, timeout_s)
         return prepared if isinstance(prepared, Grade) else self._finish(prepared, timeout_s)
 
     def grade_many(self, pairs: Iterable[tuple[Any, Any]]) -> list[Grade]:
         """Grade many (response, gold) pairs; symbolic checks run on every worker at once."""
         prepared = [_prepare(r, g, self.config) for r, g in pairs]
         futures = {
-            k: self._threads.submit(self._finish, p, None)
+            k: self._threads.submit(self._finish, p, None, True)
             for k, p in enumerate(prepared)
             if isinstance(p, _Pending)
         }
         return [futures[k].result() if k in futures else p for k, p in enumerate(prepared)]  # type: ignore[misc]
 
-    async def agrade(self, response: Any, gold: Any, timeout_s: float | None = None) -> Grade:
+    async def agrade(
+        self, response: Any, gold: Any, timeout_s: float | None = None, batch: bool = False
+    ) -> Grade:
         """`grade` for an event loop: the cheap path inline, the worker wait in a thread."""
-        prepared = _prepare(response, gold, self.config)
+        prepared = _prepare(response, gold, self.config, timeout_s)
         if isinstance(prepared, Grade):
             return prepared
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self._finish, prepared, timeout_s)
+        return await loop.run_in_executor(self._threads, self._finish, prepared, timeout_s, batch)
 
     async def agrade_many(
         self, pairs: Iterable[tuple[Any, Any]], timeout_s: float | None = None
     ) -> list[Grade]:
         """`grade_many` for an event loop."""
-        return list(await asyncio.gather(*(self.agrade(r, g, timeout_s) for r, g in pairs)))
+        return list(await asyncio.gather(*(self.agrade(r, g, timeout_s, True) for r, g in pairs)))
 
 
 _graders: dict[VerifyConfig, Grader] = {}
 _graders_lock = threading.Lock()
 
 
-def _shared(config: VerifyConfig | None) -> Grader:
+def shared_grader(config: VerifyConfig | None = None) -> Grader:
+    """The one `Grader` of `config` behind the module functions. Created on first use, when its
+    workers are started and waited for (once, up to 60 s), so that no grade's bound is spent
+    on start-up; closed at interpreter exit."""
     config = config or VerifyConfig()
     with _graders_lock:
         grader = _graders.get(config)
         if grader is None:
             grader = _graders[config] = Grader(config)
+            grader.start(wait_s=60.0)
         return grader
+
+
+_shared = shared_grader
 
 
 @atexit.register

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from rstar2_verify._budget import check
 from rstar2_verify.expr import (
     Add,
     Const,
@@ -90,6 +91,8 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
     tokens: list[tuple[str, str]] = []
     pos, n = 0, len(text)
     while pos < n:
+        if len(tokens) & 255 == 0:
+            check()
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
             if text[pos:].strip() == "":
@@ -128,6 +131,7 @@ class _Parser:
         return self.tokens[self.i]
 
     def next(self) -> tuple[str, str]:
+        check()
         tok = self.tokens[self.i]
         if tok[0] != "end":  # the end token is never consumed
             self.i += 1

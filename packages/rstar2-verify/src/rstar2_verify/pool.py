@@ -1,7 +1,9 @@
 """Killable worker processes for the symbolic checks: a hard wall-clock limit and a memory cap.
 
 `WorkerPool.run(gold, answer, timeout_s)` sends one comparison to an idle worker and waits on its
-pipe with a deadline. Past the deadline the worker is killed (SIGKILL, which also stops C-level
+pipe with a deadline; `timeout_s` covers the wait for an idle worker too (none free in time is
+`Outcome("timeout")`), except the pool's start-up: a call that finds no worker ready yet,
+ever, first waits (up to 60 s) for the first one, so start-up is never charged to a task. Past the deadline the worker is killed (SIGKILL, which also stops C-level
 big-integer work that no signal handler can interrupt) and a replacement is started in the
 background; the caller gets `Outcome("timeout")` at once. Each worker caps its own address space
 with `RLIMIT_AS`, so a memory bomb ends in a `MemoryError` (answered as "memory") or the
@@ -22,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -84,6 +87,7 @@ class WorkerPool:
         self._all: set[_Worker] = set()
         self.replaced = 0
         self.start_failures = 0
+        self._first_ready = threading.Event()
 
     def start(self) -> None:
         with self._lock:
@@ -102,6 +106,7 @@ class WorkerPool:
     def _admit(self, worker: _Worker) -> None:
         if worker.wait_ready():
             self._idle.put(worker)
+            self._first_ready.set()
             return
         with self._lock:
             self._all.discard(worker)
@@ -116,28 +121,49 @@ class WorkerPool:
                 self._add()
         threading.Thread(target=worker.kill, daemon=True).start()
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` until every started worker is ready; True when they are."""
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until:
+            with self._lock:
+                if self._all and all(w.ready for w in self._all):
+                    return True
+            time.sleep(0.01)
+        return False
+
     def pids(self) -> list[int]:
         """Process ids of the workers that are started and ready."""
         with self._lock:
             return [w.process.pid for w in self._all if w.ready]
 
-    def run(self, gold: Node, answer: Node, timeout_s: float) -> Outcome:
-        """Compare two trees in a worker within `timeout_s` seconds of its time."""
+    def run(
+        self, gold: Node, answer: Node, timeout_s: float, queue_s: float | None = None
+    ) -> Outcome:
+        """Compare two trees in a worker within `timeout_s` seconds, waiting for one included;
+        with `queue_s`, wait up to that long for an idle worker first, uncharged (batches)."""
         if self._closed:
             raise RuntimeError("the worker pool is closed")
         self.start()
+        if not self._first_ready.is_set():  # start-up (sympy's import) is not the task's time
+            self._first_ready.wait(_START_TIMEOUT_S)
+        until = time.monotonic() + (timeout_s if queue_s is None else queue_s)
         while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return Outcome("timeout", detail=f"no idle worker within {timeout_s:g} s")
             try:
-                worker = self._idle.get(timeout=0.5)
+                worker = self._idle.get(timeout=min(left, 0.5))
                 break
             except queue.Empty:
                 if self._closed:
                     raise RuntimeError("the worker pool is closed") from None
                 if not self._all:
                     return Outcome("crash", detail="no worker could start")
+        if queue_s is not None:
+            until = time.monotonic() + timeout_s
         try:
             worker.conn.send((gold, answer))
-            if not worker.conn.poll(timeout_s):
+            if not worker.conn.poll(max(until - time.monotonic(), 0.0)):
                 self._replace(worker)
                 return Outcome("timeout", detail=f"over {timeout_s:g} s")
             outcome = worker.conn.recv()
