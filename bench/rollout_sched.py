@@ -52,7 +52,7 @@ from rstar2_rollout.config import (
     SchedulerConfig,
     StaticPolicy,
 )
-from rstar2_rollout.simulate import (
+from rstar2_rollout.research.simulate import (
     EngineModel,
     Scenario,
     draw_workload,

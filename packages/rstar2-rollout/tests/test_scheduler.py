@@ -18,8 +18,7 @@ from rstar2_rollout.config import (
     StaticPolicy,
 )
 from rstar2_rollout.engine import Engine, EngineProgress, SamplingParams
-from rstar2_rollout.scheduler import Job, Scheduler
-from rstar2_rollout.simulate import (
+from rstar2_rollout.research.simulate import (
     EngineModel,
     Scenario,
     SimEngine,
@@ -28,6 +27,7 @@ from rstar2_rollout.simulate import (
     run_virtual,
     simulate,
 )
+from rstar2_rollout.scheduler import Job, Scheduler
 
 KV = SchedulerConfig(policy=KVAwarePolicy())
 

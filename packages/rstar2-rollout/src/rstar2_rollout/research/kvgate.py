@@ -27,7 +27,7 @@ from typing import cast
 
 from rstar2_rollout.config import KVProgressPolicy
 from rstar2_rollout.engine import Engine, EngineProgress, ProgressEngine
-from rstar2_rollout.kvbound import peak_kv_tokens
+from rstar2_rollout.research.kvbound import peak_kv_tokens
 
 
 @dataclass(eq=False)
