@@ -47,7 +47,13 @@ from typing import Any
 import numpy as np
 
 from rstar2_rollout import Job, SamplingParams, Scheduler, SchedulerConfig
-from rstar2_rollout.simulate import EngineModel, Scenario, TrajectorySpec, draw_workload, simulate
+from rstar2_rollout.research.simulate import (
+    EngineModel,
+    Scenario,
+    TrajectorySpec,
+    draw_workload,
+    simulate,
+)
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 

@@ -5,7 +5,7 @@
     uv run python bench/rollout_sched.py --seeds 0 --sweep --json OUT.json  # + sensitivity
 
 Every row drives the real `Scheduler` over vLLM-V1-like `SimEngine`s (see
-`rstar2_rollout.simengine`) on a virtual clock, deterministic per seed, for each scenario
+`rstar2_rollout.research.simengine`) on a virtual clock, deterministic per seed, for each scenario
 (stage1, stage3, stage3_late), TP (1: 64 engines, 4: 16 engines of 4 GPUs; `--engines` sets the
 engine count at TP=1, divided by 4 at TP=4), seed and policy. Peers (all with the engine's own
 admission and preemption):
@@ -52,7 +52,7 @@ from rstar2_rollout.config import (
     SchedulerConfig,
     StaticPolicy,
 )
-from rstar2_rollout.simulate import (
+from rstar2_rollout.research.simulate import (
     EngineModel,
     Scenario,
     draw_workload,

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rstar2_trainer.rundir.logs import quiet
+from rstar2_trainer.rundir.report import COLUMNS
 
 # The default recipe's engine and servers, at sizes a 2-core machine runs in minutes.
 SMALL = [
@@ -37,7 +38,12 @@ def test_the_terminal_shows_the_trainers_lines_and_the_file_the_libraries(tmp_pa
     done = subprocess.run([*argv, *SMALL], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stderr == ""
-    assert "Held-out evaluation" in done.stdout and "SFT:" in done.stdout
+    assert "Held-out evaluation" in done.stdout and "SFT: " in done.stdout
+    # not a terminal: the final table is Markdown with every header whole, no line cut
+    header = next(line for line in done.stdout.splitlines() if line.startswith("| set"))
+    assert [c.strip() for c in header.strip("|").split("|")] == list(COLUMNS)
+    assert "…" not in done.stdout
+    assert re.search(r"^SFT: \d+/\d+ \(100 %\), .* \(done\)$", done.stdout, re.M)
     for line in done.stdout.splitlines():  # no vLLM, torch or server line among them
         assert not re.search(r"\b(INFO|WARNING|DEBUG)\b|pid=|W\d{4} |confinement", line), line
     log = (run_dir / "logs" / "run.log").read_text()

@@ -22,9 +22,9 @@ import torch
 from rstar2_proto.auth import DENIED, InsecureBindError, write_token_file
 from rstar2_rollout import Problem, RolloutClient, RolloutError, RolloutSampling
 from rstar2_rollout.engine import Engine, SamplingParams
+from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import bind, start_server
-from rstar2_rollout.simulate import EngineModel, SimEngine
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_rollout.weights import TensorInfo, WeightSpec, to_safetensors
 from rstar2_rollout.worker import RolloutWorker

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rstar2_rollout.kvbound import peak_kv_tokens
+from rstar2_rollout.research.kvbound import peak_kv_tokens
 
 
 def test_a_request_close_to_its_end_leaves_before_a_fresh_one_peaks() -> None:

@@ -9,15 +9,15 @@ import asyncio
 import pytest
 
 from rstar2_rollout.config import ForecastPolicy, SchedulerConfig
-from rstar2_rollout.forecast import lengths
-from rstar2_rollout.scheduler import Job, Scheduler
-from rstar2_rollout.simulate import (
+from rstar2_rollout.research.forecast import lengths
+from rstar2_rollout.research.simulate import (
     EngineModel,
     SimEngine,
     TrajectorySpec,
     run_trajectory,
     run_virtual,
 )
+from rstar2_rollout.scheduler import Job, Scheduler
 
 KINDS = [
     "forecast",

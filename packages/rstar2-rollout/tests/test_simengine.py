@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from rstar2_rollout.engine import SamplingParams
-from rstar2_rollout.simengine import EngineModel, SimEngine, run_virtual
+from rstar2_rollout.research.simengine import EngineModel, SimEngine, run_virtual
 
 TINY = EngineModel(kv_tokens=1024, base_step_s=0.01, per_request_step_s=0.0)  # 64 blocks
 

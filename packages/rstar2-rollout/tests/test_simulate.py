@@ -15,7 +15,7 @@ from rstar2_rollout.config import (
     StaticPolicy,
 )
 from rstar2_rollout.engine import SamplingParams
-from rstar2_rollout.simulate import (
+from rstar2_rollout.research.simulate import (
     EngineModel,
     Scenario,
     SimEngine,

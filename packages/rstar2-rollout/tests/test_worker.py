@@ -15,9 +15,9 @@ from rstar2_rollout.client import RolloutClient, RolloutError
 from rstar2_rollout.config import KVAwarePolicy, KVProgressPolicy, SchedulerConfig
 from rstar2_rollout.engine import Engine, SamplingParams
 from rstar2_rollout.loop import Problem
+from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import start_server
-from rstar2_rollout.simulate import EngineModel, SimEngine
 from rstar2_rollout.trajectory import ToolCallRecord, Trajectory
 from rstar2_rollout.worker import RolloutSampling, RolloutWorker, WorkerResult
 

@@ -237,7 +237,7 @@ class LeastTokensPolicy(BaseModel):
 class ForecastPolicy(BaseModel):
     """A central queue; a job starts on the least-loaded engine below its limit: the engine's KV
     over the forecast mean context of a running job (length distribution from this batch's
-    finished and running jobs), backed off when the engine preempts (see `forecast.py`)."""
+    finished and running jobs), backed off when the engine preempts (see `research/forecast.py`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["forecast"] = "forecast"

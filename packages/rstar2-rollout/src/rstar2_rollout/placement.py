@@ -14,10 +14,11 @@ calls the same hooks whatever the policy:
 - `fits`, `reserved`, `recheck_interval_s`: what the scheduler reports and how often it looks.
 
 Policies see the engines through the scheduler's `Pool` (slots, capacity probes that may find an
-engine dead, dispatch and the recheck timer). Peer policies (verl, sglang-router, AReaL) live in
-`peers.py`, the forecast policy in `forecast.py`; this module holds the core's data, the base
-class and rStar2-Agent's two KV-aware rules. Not covered: moving or preempting a running job
-(engines preempt by themselves).
+engine dead, dispatch and the recheck timer). This module holds the core's data, the base class
+and the two policies of the main surface: `LeastRequests` (the default) and `KVAware` (the paper's
+rule as written). The others (kv_progress, forecast, the peers' dispatch) are research code in
+`rstar2_rollout.research`, imported only when a config names them. Not covered: moving or
+preempting a running job (engines preempt by themselves).
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from rstar2_rollout.config import KVAwarePolicy, KVProgressPolicy
+from rstar2_rollout.config import KVAwarePolicy, LeastRequestsPolicy
 from rstar2_rollout.engine import Engine, Generation, KVCapacity
-from rstar2_rollout.job import EngineDeadError, Job
-from rstar2_rollout.kvgate import TurnGate, WaitingTurn
+from rstar2_rollout.job import Job
 
 
 @dataclass(eq=False)
@@ -127,6 +127,22 @@ class Placement:
         """The recheck timer fired: the engines moved on."""
 
 
+class LeastRequests(Placement):
+    """verl v0.5's dispatch (the default): the engine running the fewest jobs, sticky for the
+    job's life; with `max_running_per_engine`, AReaL's cap (the job waits)."""
+
+    def __init__(self, pool: Pool, policy: LeastRequestsPolicy) -> None:
+        super().__init__(pool)
+        self.cap = policy.max_running_per_engine
+
+    def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
+        alive = list(self.alive())
+        if not alive:
+            return None
+        slot = min(alive, key=lambda s: (len(s.running), s.index))
+        return "wait" if self.cap is not None and len(slot.running) >= self.cap else slot
+
+
 class KVAware(Placement):
     """rStar2-Agent's rule as written: prompt + max response must fit the engine's headroom."""
 
@@ -168,124 +184,3 @@ class KVAware(Placement):
 
     def on_finish(self, entry: Entry, slot: Slot) -> None:
         self._reserved[slot.index] -= entry.job.reserve_tokens
-
-
-class KVProgress(Placement):
-    """The paper's promise turn by turn on the exact worst case (`kvgate.TurnGate` per engine)."""
-
-    def __init__(self, pool: Pool, policy: KVProgressPolicy) -> None:
-        super().__init__(pool)
-        self.policy = policy
-        self.recheck_interval_s = policy.recheck_interval_s
-        self.gates = {s.index: TurnGate(s.engine, policy) for s in pool.slots}
-
-    def reserved(self, slot: Slot) -> int:
-        gate = self.gates[slot.index]
-        return gate.bound(None, gate.progress())
-
-    def fits(self, reserve_tokens: int) -> bool:
-        return any(
-            s.alive
-            and reserve_tokens <= self.gates[s.index].largest(self.pool.total_and_free(s)[0])
-            for s in self.pool.slots
-        )
-
-    def too_large(self, entry: Entry) -> str:
-        return (
-            f"job needs {entry.job.reserve_tokens} KV tokens; no live engine can hold"
-            " that many for one turn"
-        )
-
-    def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
-        """The engine with the most room for the job's first turn at its maximum length; engines
-        whose own turns wait for room take no new job."""
-        job = entry.job
-        candidates = []
-        for slot in list(self.alive()):
-            gate = self.gates[slot.index]
-            if gate.waiting or gate.full():
-                continue
-            room = gate.cached_room(job.max_response_tokens)
-            if room is None:  # something changed here: read the engine again
-                room = gate.room(self.pool.total_and_free(slot)[0], job.max_response_tokens)
-            if room >= job.prompt_tokens:
-                candidates.append((room, -slot.index, slot))
-        for _, _, slot in sorted(candidates, key=lambda c: c[:2], reverse=True):
-            cap = self.pool.capacity(slot)
-            if slot.alive and (cap is None or job.prompt_tokens <= cap.free_tokens):
-                return slot
-        return "wait" if self.fits(job.reserve_tokens) else None
-
-    def on_start(self, entry: Entry, slot: Slot) -> None:
-        self.gates[slot.index].hold(
-            entry.index, entry.job.prompt_tokens, entry.job.max_response_tokens
-        )
-
-    def on_finish(self, entry: Entry, slot: Slot) -> None:
-        self.gates[slot.index].release(entry.index)
-
-    async def enter_turn(
-        self, slot: Slot, job: int, request_id: str, context: int, max_tokens: int
-    ) -> str:
-        gate = self.gates[slot.index]
-        if gate.has(request_id):  # its books are by request id: a second one would hide the first
-            return f"request id {request_id!r} is already running on engine {slot.engine.name}"
-        if gate.first_turn(job, request_id, context, max_tokens):
-            return ""  # admitted with its job
-        total, free = self.pool.total_and_free(slot)
-        if not slot.alive:  # its capacity probe just failed
-            raise EngineDeadError(f"engine {slot.engine.name} is dead: {slot.dead_reason}")
-        need, largest = context + max_tokens, gate.largest(total)
-        if need > largest:
-            return (
-                f"turn needs {need} KV tokens (context {context} + max_tokens {max_tokens});"
-                f" engine {slot.engine.name} can hold {largest} for one turn"
-            )
-        if not gate.waiting and gate.fits(context, max_tokens, total, free):
-            gate.admit(request_id, context, max_tokens)
-            return ""
-        turn = WaitingTurn(
-            request_id, context, max_tokens, asyncio.get_running_loop().create_future()
-        )
-        gate.waiting.append(turn)
-        self.pool.schedule_recheck()
-        try:
-            await turn.admitted
-        except asyncio.CancelledError:
-            if turn in gate.waiting:
-                gate.waiting.remove(turn)
-                gate.touch()  # the turns behind it may fit now
-                self.pool.dispatch()
-            else:
-                self.leave_turn(slot, job, request_id, None)
-            raise
-        return ""
-
-    def leave_turn(self, slot: Slot, job: int, request_id: str, out: Generation | None) -> None:
-        if self.gates[slot.index].leave(request_id):
-            self.pool.dispatch()
-
-    def before_dispatch(self) -> None:
-        """Admit waiting turns, oldest first on each engine, where something changed."""
-        for slot in list(self.alive()):
-            gate = self.gates[slot.index]
-            if not gate.dirty:
-                continue
-            gate.dirty = False
-            total, free = self.pool.total_and_free(slot)
-            while gate.waiting:
-                turn = gate.waiting[0]
-                if turn.admitted.done():  # its job was cancelled
-                    gate.waiting.popleft()
-                    continue
-                if not gate.fits(turn.context, turn.max_tokens, total, free):
-                    break
-                gate.waiting.popleft()
-                gate.admit(turn.request_id, turn.context, turn.max_tokens)
-                turn.admitted.set_result(None)
-        if any(self.gates[s.index].waiting for s in self.alive()):
-            self.pool.schedule_recheck()
-
-    def on_recheck(self) -> None:
-        for gate in self.gates.values():  # the engines moved on: every bound may have fallen
-            gate.touch()

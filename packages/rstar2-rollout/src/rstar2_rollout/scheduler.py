@@ -30,7 +30,11 @@ lifecycle; the policy is one `placement.Placement` object built once from `Sched
   jobs and stays there, and the engine admits and preempts by itself; optionally capped at
   `max_running_per_engine`. On an engine that preempts like vLLM V1 it was measured the best
   policy overall (SCHEDULER.md): KV-aware admission gives up more batch than it saves.
-- `power_of_two`, `cache_aware` (sglang-router), `least_tokens`: see `peers.py`.
+- `power_of_two`, `cache_aware` (sglang-router), `least_tokens`: see `research/peers.py`.
+
+`least_requests` and `kv_aware` live in `placement.py`; the others (kv_progress, forecast, the
+peers) are research code in `rstar2_rollout.research`, imported by `make_placement` only when
+the config names one, so `import rstar2_rollout` never loads them.
 
 Engine failure: a `generate` that raises or answers `finish_reason="error"` `max_engine_errors`
 times in a row, or a `kv_capacity()` probe that raises, marks the engine dead. Its running jobs
@@ -50,29 +54,10 @@ from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from rstar2_rollout.config import (
-    CacheAwarePolicy,
-    ForecastPolicy,
-    KVAwarePolicy,
-    KVProgressPolicy,
-    LeastRequestsPolicy,
-    LeastTokensPolicy,
-    PowerOfTwoPolicy,
-    SchedulerConfig,
-    StaticPolicy,
-)
+from rstar2_rollout.config import KVAwarePolicy, LeastRequestsPolicy, SchedulerConfig
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
-from rstar2_rollout.forecast import Forecast
 from rstar2_rollout.job import EngineDeadError, EngineStatus, Job, JobResult
-from rstar2_rollout.peers import (
-    CacheAware,
-    LeastRequests,
-    LeastTokens,
-    PowerOfTwo,
-    RoundRobin,
-    StaticSlices,
-)
-from rstar2_rollout.placement import Entry, KVAware, KVProgress, Placement, Pool, Slot
+from rstar2_rollout.placement import Entry, KVAware, LeastRequests, Placement, Pool, Slot
 
 __all__ = [
     "EngineDeadError",
@@ -88,25 +73,16 @@ T = TypeVar("T")
 
 
 def make_placement(config: SchedulerConfig, pool: Pool) -> Placement:
-    """The policy object of `config.policy`, over the engines of `pool` (built once)."""
+    """The policy object of `config.policy`, over the engines of `pool` (built once). The
+    research policies are imported here, only when a config names one."""
     p = config.policy
-    if isinstance(p, ForecastPolicy):
-        return Forecast(pool, p)
-    if isinstance(p, KVProgressPolicy):
-        return KVProgress(pool, p)
-    if isinstance(p, KVAwarePolicy):
-        return KVAware(pool, p)
-    if isinstance(p, StaticPolicy):
-        return StaticSlices(pool) if p.split == "chunks" else RoundRobin(pool)
     if isinstance(p, LeastRequestsPolicy):
         return LeastRequests(pool, p)
-    if isinstance(p, PowerOfTwoPolicy):
-        return PowerOfTwo(pool, p)
-    if isinstance(p, CacheAwarePolicy):
-        return CacheAware(pool, p)
-    if isinstance(p, LeastTokensPolicy):
-        return LeastTokens(pool, p)
-    raise AssertionError(f"no placement for {p!r}")  # the union is closed
+    if isinstance(p, KVAwarePolicy):
+        return KVAware(pool, p)
+    from rstar2_rollout.research.policies import make_research_placement
+
+    return make_research_placement(p, pool)
 
 
 class EngineLease:

@@ -1,8 +1,18 @@
-"""What a person sees: progress bars, one line per step, the final table, and PNG plots."""
+"""What a person sees: progress, one line per step, the final table; the plots are `plots.py`.
+
+In a terminal the display is rich's: live progress bars and a boxed final table. Anywhere else
+(`rstar2-train > log 2>&1`, a cluster job's output file) the output is for reading later:
+lines are never wrapped or cut, the final table is a Markdown table with every header and cell
+whole, and a phase shown as a bar in a terminal prints a plain progress line every
+`PROGRESS_INTERVAL_S` seconds and one at its end. Text is printed as is (no rich markup, so a
+stage named `[x]` stays in the line).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,23 +21,77 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(highlight=False)
+from rstar2_trainer.rundir.plots import draw_plots
+
+__all__ = ["console", "draw_plots", "final_table", "fmt", "progress", "step_line"]
+
+PROGRESS_INTERVAL_S = 30.0  # between two progress lines when the output is not a terminal
+
+
+class LogConsole(Console):
+    """rich's console that never wraps or cuts a line when its output is not a terminal (asked
+    at each print, so the same object serves a run whose stdout is a file)."""
+
+    @property
+    def soft_wrap(self) -> bool:  # type: ignore[override]
+        return not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:
+        """rich's __init__ sets it; the output decides instead."""
+
+
+console = LogConsole(highlight=False, markup=False)
 
 
 @contextlib.contextmanager
-def progress(description: str, total: int) -> Iterator[Any]:
-    """A progress bar; yields `advance(n=1)`."""
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-    with bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
+def progress(description: str, total: int, interval_s: float | None = None) -> Iterator[Any]:
+    """Progress of a phase of `total` units; yields `advance(n=1)`. A live bar in a terminal;
+    elsewhere a line `description: done/total (pct) elapsed` every `interval_s` (default
+    `PROGRESS_INTERVAL_S`) while the phase runs, and one when it ends."""
+    if console.is_terminal:
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        with bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n=1: bar.advance(task, n)
+        return
+    interval = PROGRESS_INTERVAL_S if interval_s is None else interval_s
+    done, start, stop = [0], time.monotonic(), threading.Event()
+
+    def line(end: str = "") -> None:
+        pct = f" ({100 * done[0] / total:.0f} %)" if total else ""
+        elapsed = _duration(time.monotonic() - start)
+        console.print(f"{description}: {done[0]}/{total}{pct}, {elapsed}{end}")
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            line()
+
+    ticker = threading.Thread(target=tick, name=f"progress {description}", daemon=True)
+    ticker.start()
+    try:
+        yield lambda n=1: done.__setitem__(0, done[0] + n)
+    finally:
+        stop.set()
+        ticker.join()
+        line(" (done)")
+
+
+def _duration(seconds: float) -> str:
+    """12 s, 3m05s, 1h02m."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -53,15 +117,24 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
     )
 
 
-def final_table(
-    evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, eval_settings: str
-) -> None:
-    table = Table(title="Held-out evaluation (benchmarks: avg@k)")
-    columns = ("set", "when", "step", "accuracy", "problems x k", "uses tool", "tool-err (correct)")
-    for column in (*columns, "answered", "len"):
-        table.add_column(column, justify="left" if column in ("set", "when") else "right")
-    for e in sorted(evals, key=lambda e: str(e.get("benchmark", ""))):  # held-out first
-        table.add_row(
+TABLE_TITLE = "Held-out evaluation (benchmarks: avg@k)"
+COLUMNS = (
+    "set",
+    "when",
+    "step",
+    "accuracy",
+    "problems x k",
+    "uses tool",
+    "tool-err (correct)",
+    "answered",
+    "len",
+)
+
+
+def table_rows(evals: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """The final table's cells, held-out first, one row per evaluation."""
+    return [
+        (
             str(e.get("benchmark", "held-out")),
             str(e["when"]),
             str(e["step"]),
@@ -72,7 +145,38 @@ def final_table(
             fmt(e.get("finish_answered"), 2),
             fmt(e.get("response_len_mean"), 0),
         )
-    console.print(table)
+        for e in sorted(evals, key=lambda e: str(e.get("benchmark", "")))
+    ]
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table, every cell whole; the first two columns left-aligned, the rest right."""
+    cells = [list(columns), *[list(r) for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+
+    def line(row: Sequence[str]) -> str:
+        pairs = enumerate(zip(row, widths, strict=True))
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs]
+        return "| " + " | ".join(cells) + " |"
+
+    rule = ["-" * w if i < 2 else "-" * (w - 1) + ":" for i, w in enumerate(widths)]
+    return "\n".join([line(columns), line(rule), *(line(r) for r in rows)])
+
+
+def final_table(
+    evals: Sequence[Mapping[str, Any]], run_dir: Path, policy: Path, eval_settings: str
+) -> None:
+    """The held-out and benchmark evaluations of the run, then where its results are."""
+    rows = table_rows(evals)
+    if console.is_terminal:
+        table = Table(title=TABLE_TITLE)
+        for column in COLUMNS:
+            table.add_column(column, justify="left" if column in ("set", "when") else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:
+        console.print(f"\n{TABLE_TITLE}\n\n{markdown_table(COLUMNS, rows)}\n")
     console.print(f"run directory: {run_dir}")
     if (run_dir / "heldout.jsonl").exists():
         console.print(
@@ -81,45 +185,3 @@ def final_table(
         )
     else:
         console.print(f"trained policy: {policy}")
-
-
-PLOTS = {
-    "reward": ("rl", "reward"),
-    "tool_error_ratio_pos": ("rl", "tool_error_ratio_pos"),
-    "response_len_mean": ("rl", "response_len_mean"),
-    "truncation_ratio": ("rl", "truncation_ratio"),
-    "eval_accuracy": ("eval", "accuracy"),
-    "benchmark_accuracy": ("benchmark", "accuracy"),
-    "sft_loss": ("sft", "loss"),
-}
-
-
-def draw_plots(run_dir: Path, records: Sequence[Mapping[str, Any]]) -> list[Path]:
-    """One PNG per main curve under plots/; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
-    written = []
-    for name, (phase, key) in PLOTS.items():
-        points = [
-            (r["step"], r[key])
-            for r in records
-            if r.get("phase") == phase and r.get(key) is not None
-        ]
-        if not points:
-            continue
-        fig, ax = plt.subplots(figsize=(5, 3))
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
-        ax.set_xlabel("step")
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    return written

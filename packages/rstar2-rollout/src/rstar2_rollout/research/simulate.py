@@ -24,14 +24,14 @@ from typing import Literal
 
 from rstar2_rollout.config import SchedulerConfig
 from rstar2_rollout.engine import Engine, SamplingParams
-from rstar2_rollout.scheduler import Job, Scheduler
-from rstar2_rollout.simengine import (
+from rstar2_rollout.research.simengine import (
     EngineModel,
     EngineStats,
     SimEngine,
     VirtualClockLoop,
     run_virtual,
 )
+from rstar2_rollout.scheduler import Job, Scheduler
 
 __all__ = [
     "EngineModel",

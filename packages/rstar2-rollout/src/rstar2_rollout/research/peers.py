@@ -6,9 +6,6 @@ allows) and the engine queues, admits and preempts by itself, as it does under e
 - `StaticSlices` (verl v0.2 `DataProto.chunk`): engine e takes the e-th contiguous slice of the
   batch, so a problem's samples share an engine. A lone `submit` goes round robin.
 - `RoundRobin` (AReaL without a cap, SkyRL's random spread): job i to engine i mod E.
-- `LeastRequests` (verl v0.5 `AsyncLLMServerManager`: fewest in-flight requests, sticky by
-  request id, so every turn of a trajectory goes where its first did; with
-  `max_running_per_engine`, AReaL's concurrency cap).
 - `PowerOfTwo` (sglang-router `power_of_two`): two engines drawn at random, the less loaded.
 - `CacheAware` (sglang-router `cache_aware`): the engine whose radix tree already holds the
   job's prompt (its problem's siblings went there) unless the load is imbalanced, then the
@@ -27,7 +24,6 @@ from typing import Any, Literal
 
 from rstar2_rollout.config import (
     CacheAwarePolicy,
-    LeastRequestsPolicy,
     LeastTokensPolicy,
     PowerOfTwoPolicy,
 )
@@ -47,19 +43,6 @@ class StaticSlices(RoundRobin):
         alive = list(self.alive())
         pos, size = entry.batch
         return alive[pos * len(alive) // size] if alive else None
-
-
-class LeastRequests(Placement):
-    def __init__(self, pool: Pool, policy: LeastRequestsPolicy) -> None:
-        super().__init__(pool)
-        self.cap = policy.max_running_per_engine
-
-    def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
-        alive = list(self.alive())
-        if not alive:
-            return None
-        slot = min(alive, key=lambda s: (len(s.running), s.index))
-        return "wait" if self.cap is not None and len(slot.running) >= self.cap else slot
 
 
 class PowerOfTwo(Placement):

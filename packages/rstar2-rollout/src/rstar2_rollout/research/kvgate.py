@@ -27,7 +27,7 @@ from typing import cast
 
 from rstar2_rollout.config import KVProgressPolicy
 from rstar2_rollout.engine import Engine, EngineProgress, ProgressEngine
-from rstar2_rollout.kvbound import peak_kv_tokens
+from rstar2_rollout.research.kvbound import peak_kv_tokens
 
 
 @dataclass(eq=False)
@@ -78,7 +78,9 @@ class TurnGate:
 
     def largest(self, total: int) -> int:
         """The largest context + max_tokens one turn can have: the plan, less the lag
-        allowance and a partly filled block."""
+        allowance and a partly filled block. An engine that reports no progress tells no block
+        size: its blocks count as 1 token, and the lag allowance (`lag_steps` a turn, every turn
+        at its worst case) covers a partly filled block of up to `lag_steps` + 1 tokens."""
         self.progress()
         return self.plan(total) - self.policy.lag_steps - (self._block - 1)
 
