@@ -37,7 +37,10 @@ def test_buckets_stay_under_the_bound_in_the_engine_dtype_and_keep_every_tensor(
         for name, tensor in bucket:
             assert tensor.dtype == torch.bfloat16
             assert torch.equal(tensor, weights[name].to(torch.bfloat16))
-    assert [n for n, _ in next(b for b in buckets if b[0][0] == "big")] == ["big"]
+    assert ["big"] in [b.names for b in buckets]
+    assert [b.nbytes for b in buckets] == [
+        sum(tensor_bytes(t, torch.bfloat16) for _, t in b.items) for b in buckets
+    ]
     total = sum(t.numel() * 2 for t in weights.values())
     assert sum(t.numel() * t.element_size() for b in buckets for _, t in b) == total
 
@@ -50,10 +53,16 @@ def test_buckets_cast_lazily_one_tensor_at_a_time():
             read.append(name)
             yield name, tensor
 
+    weights = _weights()
     first = next(iter_buckets(source(), torch.bfloat16, 4_100))  # "a" is 4,096 bytes
-    assert [n for n, _ in first] == ["a"] and read == ["a", "b"]  # "b" did not fit: next bucket
-    same = next(iter_buckets([("x", torch.ones(3, dtype=torch.bfloat16))], torch.bfloat16))
-    assert same[0][1].dtype == torch.bfloat16
+    assert first.names == ["a"] and read == ["a", "b"]  # "b" did not fit: next bucket
+    assert torch.equal(first.items[0][1], weights["a"])  # the source itself, fp32: no copy yet
+    assert first.items[0][1].dtype == torch.float32
+    cast = dict(first)  # read: cast now, and again on every read
+    assert cast["a"].dtype == torch.bfloat16 and dict(first)["a"] is not cast["a"]
+    bf16 = torch.ones(3, dtype=torch.bfloat16)
+    same = next(iter_buckets([("x", bf16)], torch.bfloat16))
+    assert dict(same)["x"].data_ptr() == bf16.data_ptr()  # already bf16: passed as is
 
 
 def test_a_bucket_bound_must_be_positive():

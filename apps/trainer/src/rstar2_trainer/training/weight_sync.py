@@ -13,10 +13,10 @@ Contract
 - Streaming (`stream_weights`): engines with the `StreamingEngine` capability (vLLM) get the
   weights in buckets of at most `bucket_bytes` (None: the smallest `weight_bucket_bytes` of the
   engines, 1 GiB by default; a larger single tensor travels alone), each tensor cast to the
-  engine's dtype when its bucket is built (`rstar2_rollout.buckets.iter_buckets`): a bf16 engine
-  never sees fp32, and the sender holds at most two buckets of cast copies (the one being loaded
-  and the next), never a whole host copy. All engines of one dtype load the same bucket at once;
-  one bucket at a time. `bytes_moved` counts each bucket once (whatever the number of engines):
+  engine's dtype as it is read (`rstar2_rollout.buckets.iter_buckets`): a bf16 engine never sees
+  fp32; an engine in this process (TP = 1) reads one cast tensor at a time, one in other
+  processes (TP > 1 workers, the channel) gets one whole bucket at a time; never a whole host
+  copy. All engines of one dtype load the same bucket at once; one bucket at a time. `bytes_moved` counts each bucket once (whatever the number of engines):
   for one engine it is the model's size in the engine's dtype. Engines without the capability
   (transformers, HTTP) get `update_weights(all tensors)` as before.
 - Pass the policy's fp32 master weights (`model.state_dict().items()`); the cast to bf16 is the
@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rstar2_rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets, tensor_bytes
+from rstar2_rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from rstar2_rollout.engine import Engine, SleepingEngine, StreamingEngine
 from rstar2_rollout.weight_channel import WeightReceiver, WeightSender
 
@@ -143,9 +143,8 @@ async def stream_weights(
         await asyncio.gather(*(e.begin_weights() for e in group))
         try:
             for bucket in iter_buckets(named_tensors, dtype, bucket_bytes):
-                size = sum(tensor_bytes(t, dtype) for _, t in bucket)
                 await asyncio.gather(*(e.load_weights(bucket) for e in group))
-                del bucket  # the next bucket is built without this one alive
+                size = bucket.nbytes
                 moved, count, largest = moved + size, count + 1, max(largest, size)
         finally:
             await asyncio.gather(*(e.finish_weights() for e in group), return_exceptions=True)

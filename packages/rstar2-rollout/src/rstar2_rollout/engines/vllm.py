@@ -246,7 +246,6 @@ class VLLMEngine:
         try:
             for bucket in buckets:
                 await self.load_weights(bucket)
-                del bucket  # so the next one is built without this one alive
         except BaseException:
             if self._updating:
                 await self.finish_weights()
@@ -272,8 +271,10 @@ class VLLMEngine:
         def load() -> None:
             if not self._updating:
                 raise RuntimeError(f"engine {self.name}: begin_weights() before load_weights")
-            # With TP > 1 this one bucket is pickled to the worker processes, as CPU tensors.
-            bucket = [(n, t.detach().to("cpu") if tp else t) for n, t in named_tensors]
+            # TP = 1: the worker is in this process and its loader reads the bucket one tensor
+            # at a time (a `Bucket` casts each as it is read). TP > 1: this one bucket is made
+            # whole and pickled to the worker processes, as CPU tensors.
+            bucket = [(n, t.detach().to("cpu")) for n, t in named_tensors] if tp else named_tensors
             try:
                 self._engine.collective_rpc(functools.partial(_reload_load, bucket=bucket))
             except BaseException:
@@ -532,7 +533,7 @@ def _reload_begin(worker: Any) -> None:
     initialize_layerwise_reload(worker.model_runner.get_model())
 
 
-def _reload_load(worker: Any, bucket: list[tuple[str, Any]]) -> None:
+def _reload_load(worker: Any, bucket: Iterable[tuple[str, Any]]) -> None:
     """On each vLLM worker: load one bucket with the model's own loader (buffered per layer)."""
     from vllm.config import set_current_vllm_config
 
