@@ -34,6 +34,7 @@ from rstar2_rollout.engine import (
     ProgressEngine,
     SamplingParams,
     SleepingEngine,
+    StreamingEngine,
 )
 from rstar2_rollout.engines import build_engine
 from rstar2_rollout.loop import Problem, Rollout, format_tool_result, run_agent
@@ -81,6 +82,7 @@ __all__ = [
     "SchedulerConfig",
     "SleepingEngine",
     "StaticPolicy",
+    "StreamingEngine",
     "Timings",
     "ToolCallRecord",
     "ToolCallRequest",

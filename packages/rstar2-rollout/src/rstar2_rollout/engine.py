@@ -6,7 +6,9 @@ Engines work in token ids: the agent loop appends ids and never re-tokenises ear
 Two optional capabilities sit on top: `SleepingEngine` (free accelerator memory while a colocated
 trainer updates; a caller checks `isinstance(engine, SleepingEngine) and engine.can_sleep`) and
 `ProgressEngine` (how far each running request has come, which lets the scheduler's
-`kv_progress` policy bound the engine's future KV use). This module holds no engine.
+`kv_progress` policy bound the engine's future KV use), and `StreamingEngine` (weights loaded
+bucket by bucket in the engine's dtype, so a sync never needs a whole copy of the model). This
+module holds no engine.
 """
 
 from __future__ import annotations
@@ -126,4 +128,38 @@ class ProgressEngine(Engine, Protocol):
         """A consistent snapshot, cheap enough to call on every scheduling decision; None when
         the engine cannot tell now (a wrapper over an engine without progress). A snapshot may
         be old: requests then look further from their end than they are, which is safe."""
+        raise NotImplementedError  # Protocol
+
+
+@runtime_checkable
+class StreamingEngine(Engine, Protocol):
+    """Optional: an `Engine` that loads new weights bucket by bucket (an update session).
+
+    `begin_weights()` runs after the requests submitted before it and holds later ones;
+    `load_weights(bucket)` loads some named tensors (any subset, in any order, each tensor once);
+    `finish_weights()` runs the post-load processing, resets the prefix cache and releases the
+    held requests, which then run on the new weights. Senders cast each tensor to `weight_dtype`
+    (what the engine computes in) and keep a bucket under `weight_bucket_bytes`.
+    """
+
+    @property
+    def weight_dtype(self) -> Any:
+        """The torch dtype of the engine's weights (e.g. torch.bfloat16)."""
+        raise NotImplementedError  # Protocol
+
+    @property
+    def weight_bucket_bytes(self) -> int:
+        """The largest bucket this engine wants at a time (a larger single tensor travels alone)."""
+        raise NotImplementedError  # Protocol
+
+    async def begin_weights(self) -> None:
+        """Start an update session (the engine serves nothing until `finish_weights`)."""
+        raise NotImplementedError  # Protocol
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load one bucket of the session."""
+        raise NotImplementedError  # Protocol
+
+    async def finish_weights(self) -> None:
+        """Post-load processing, prefix cache reset, held requests released."""
         raise NotImplementedError  # Protocol

