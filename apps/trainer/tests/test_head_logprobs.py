@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from rstar2_trainer.training.batching import Batch, make_batch, response_logprobs
+from rstar2_trainer.training.distributed import MicroBatch, Row, train_step
 from rstar2_trainer.training.head_logprobs import head_logprobs
 
 
@@ -121,3 +124,87 @@ def test_a_head_with_bias_gets_exact_gradients() -> None:
         return head_logprobs(h, w, b, targets, temperature=0.8, chunk_tokens=3)
 
     assert torch.autograd.gradcheck(f, (hidden, weight, bias))
+
+
+@pytest.mark.slow  # ~15 s alone, 35 s on a loaded machine
+def test_a_real_vocabulary_keeps_under_two_bytes_per_vocab_entry_a_token() -> None:
+    """Qwen's 151,936-token vocabulary, 1,024 loss tokens, bf16: what autograd keeps per token."""
+    vocab, tokens = 151_936, 1024
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
+    model = Qwen3ForCausalLM(config)
+    model.to(torch.bfloat16)  # pyright: ignore[reportArgumentType]
+    g = torch.Generator().manual_seed(0)
+    responses = [torch.randint(0, vocab, (tokens // 2,), generator=g).tolist() for _ in range(2)]
+    batch = make_batch([[5, 6, 7]] * 2, responses, [[1] * (tokens // 2)] * 2, pad_id=0)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp, entropy = response_logprobs(model, batch, with_entropy=True)
+    assert entropy is not None and logp.requires_grad
+    assert bool((entropy[batch.response_mask > 0] > 11.0).all())  # ~log V at random init
+    per_token = sum(kept.values()) / tokens
+    assert per_token <= 2 * vocab  # the [N, V] fp32 log-softmax alone would be 4 x V
+
+
+@dataclass(frozen=True)
+class _EntropyBonus:
+    """A loss that is only an entropy bonus: its gradient exists only through the entropy."""
+
+    entropy_grad: bool = True
+
+    def __call__(self, logp: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        assert mb.entropy is not None
+        return -0.5 * mb.entropy + 0.0 * logp  # [B, T]
+
+
+def test_train_step_gives_an_entropy_bonus_its_gradient() -> None:
+    batch = _batch()
+    rows = [
+        Row(p, r, m)
+        for p, r, m in zip(
+            [[1, 2, 3], [4, 5], [7, 8, 9, 10]],
+            [[6, 7, 8, 9, 11, 12], [10, 11], [40, 50, 60, 70, 80]],
+            [[1, 0, 1, 1, 1, 1], [1, 1], [1, 1, 0, 0, 1]],
+            strict=True,
+        )
+    ]
+    model = _model()
+    _, entropy = reference_logprobs(model, batch)
+    (-0.5 * (entropy * batch.response_mask).sum() / batch.response_mask.sum()).backward()
+    want = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    train_step(
+        model, optimizer, rows, _EntropyBonus(), pad_id=0, micro_batch_tokens=16, with_entropy=True
+    )
+    got = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(got) == len(want) > 0
+    for g, ref in zip(got, want, strict=True):
+        assert _rel(g, ref) < 1e-5
+    # Detached (the entropy as a metric), the bonus gives no gradient at all.
+    train_step(
+        model,
+        optimizer,
+        rows,
+        _EntropyBonus(entropy_grad=False),
+        pad_id=0,
+        micro_batch_tokens=16,
+        with_entropy=True,
+    )
+    assert all(float(p.grad.abs().max()) == 0.0 for p in model.parameters() if p.grad is not None)

@@ -8,7 +8,7 @@ Contract
   softmax((hidden @ weight.T + bias) / temperature) and the entropy of that distribution, both
   [N], both differentiable (exact gradients for hidden, weight and bias).
 - For backward it keeps only `hidden`, `weight` (the head's parameter, alive anyway), `targets`
-  and two fp32 numbers a token (logsumexp, entropy): 4 + 4 + 8 bytes a token beside the hidden
+  and two fp32 numbers a token (logsumexp, E_p[logits]): 4 + 4 + 8 bytes a token beside the hidden
   state, where a plain `log_softmax` keeps about 4 tensors of N x V (8.2 x V bytes a token with
   the entropy on, measured at V=151,936). Backward recomputes each chunk's logits.
 - Transient memory: one chunk at a time, C x V x (2 + 4 + 4) bytes (bf16 logits, fp32 logits,
@@ -54,7 +54,7 @@ class _HeadLogprobs(torch.autograd.Function):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)  # [N]
         lse = torch.empty_like(logp)  # [N]
-        ent = torch.empty_like(logp)  # [N]
+        mean_z = torch.empty_like(logp)  # [N]
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
@@ -63,8 +63,9 @@ class _HeadLogprobs(torch.autograd.Function):
                 lse[s:e] = lse_c
                 logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
                 p = (z - lse_c[:, None]).exp_()  # [C, V]
-                ent[s:e] = lse_c - p.mul_(z).sum(-1)  # H = lse - sum p z
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
+                mean_z[s:e] = p.mul_(z).sum(-1)  # E_p[z]
+        ent = lse - mean_z  # H = lse - E_p[z]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, mean_z)
         ctx.temperature = temperature
         ctx.chunk = chunk
         ctx.set_materialize_grads(False)
@@ -72,7 +73,7 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):  # [N], [N]
-        hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, mean_z = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if g_logp is None and g_ent is None:
             return None, None, None, None, None, None
@@ -92,9 +93,9 @@ class _HeadLogprobs(torch.autograd.Function):
                 h = hidden[s:e]  # [C, H]
                 z = _logits(h, weight, bias, t)  # [C, V]
                 p = (z - lse[s:e, None]).exp()  # [C, V]
-                # d logp_y / dz = onehot_y - p;  dH / dz = -p * (log p + H)
+                # d logp_y / dz = onehot_y - p;  dH / dz = -p (log p + H) = -p (z - E_p[z])
                 if g_ent is not None:
-                    grad = z.sub_(lse[s:e, None]).add_(ent[s:e, None]).mul_(p)
+                    grad = z.sub_(mean_z[s:e, None]).mul_(p)
                     grad.mul_(-g_ent[s:e, None])
                     if g_logp is not None:
                         grad.sub_(p.mul_(g_logp[s:e, None]))
