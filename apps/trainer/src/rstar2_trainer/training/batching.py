@@ -2,7 +2,9 @@
 
 Letters: B sequences, L padded sequence length, T padded response length, V vocabulary.
 A sequence is `prompt_ids + response_ids`; only response positions are scored, and of those only
-the ones whose loss mask is 1 enter a loss.
+the ones whose loss mask is 1 enter a loss. The output head and the log-softmax run chunked
+(`head_logprobs`): autograd keeps no [tokens, V] tensor, 16 bytes a scored token beside its
+hidden state (bench/loss_memory.py: 0.045 x V a loss token at V=151,936, against 8.04 x V before).
 """
 
 from __future__ import annotations
