@@ -98,7 +98,7 @@ def _full_batch_step(model, optimizer, algo_config, kept, advantages, temperatur
         logp.detach(),
         advantages,
         batch.response_mask,
-        entropy=entropy.detach() if entropy is not None else None,
+        entropy=entropy,  # with its gradient: entropy_coef > 0 (WorkerPolicyLoss.entropy_grad)
         normalizer=float(tokens if token_level else len(kept)),
     )
     loss.backward()

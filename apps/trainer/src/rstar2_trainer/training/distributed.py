@@ -24,7 +24,8 @@ Contract
   likewise sums over the micro-batch's loss tokens, which the step reports as global means per
   loss token. `normalize_by="rows"` divides by the global number of rows instead of loss tokens
   (the sequence-level aggregations of rstar2_algos); `temperature` and `with_entropy` are passed
-  to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`).
+  to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`, detached unless
+  the loss has a true `entropy_grad` attribute: an entropy bonus needs its gradient).
 - Ranks may hold different numbers of micro-batches; the shorter ones run zero-weighted repeats so
   every rank joins every FSDP collective (no hang, no gradient).
 
@@ -193,7 +194,7 @@ class Row:
 class MicroBatch:
     batch: Batch
     values: dict[str, torch.Tensor]  # each [B, T], 0 on padding
-    entropy: torch.Tensor | None = None  # [B, T], detached; with train_step(with_entropy=True)
+    entropy: torch.Tensor | None = None  # [B, T] with train_step(with_entropy=True); see TokenLoss
 
 
 LossOutput = torch.Tensor | tuple[torch.Tensor, Mapping[str, Any]]
@@ -310,7 +311,9 @@ def train_step(
         logp, entropy = response_logprobs(
             model, mb.batch, with_entropy=with_entropy, temperature=temperature
         )  # [B, T]
-        mb.entropy = entropy.detach() if entropy is not None else None
+        if entropy is not None and not getattr(loss_fn, "entropy_grad", False):
+            entropy = entropy.detach()  # a metric: its backward is never built
+        mb.entropy = entropy
         out = loss_fn(logp, mb)
         loss, metrics = out if isinstance(out, tuple) else (out, {})
         masked = loss if loss.ndim == 0 else (loss * mb.batch.response_mask).sum()

@@ -27,7 +27,8 @@ class WorkerPolicyLoss:
 
     `algo.policy_loss` on the tempered logprobs; the old logprobs are the rows'
     `values["old_logp"]` when an update takes several optimizer steps (`policy.py`), else the
-    step's own logprobs, detached (ratio 1); the entropy detached, with normaliser 1 so it returns
+    step's own logprobs, detached (ratio 1); the entropy with its gradient when the algorithm has
+    an entropy bonus (`entropy_grad`: entropy_coef > 0), else detached; with normaliser 1 so it returns
     the micro-batch's sum; `train_step` divides it by the global normaliser (`normalize_by`).
     Metrics come back as sums over the micro-batch's loss tokens, so the step's global means are
     token means; `pg_loss` is reported only for token-level aggregation, where it is a token mean.
@@ -35,6 +36,10 @@ class WorkerPolicyLoss:
     """
 
     algo: AlgoConfig
+
+    @property
+    def entropy_grad(self) -> bool:
+        return self.algo.entropy_coef > 0
 
     @property
     def normalize_by(self) -> Literal["tokens", "rows"]:
