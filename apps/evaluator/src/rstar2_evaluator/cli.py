@@ -25,8 +25,8 @@ from typing import Any
 
 from rich.console import Console
 
+from rstar2_curriculum import BENCHMARKS, BenchmarkError
 from rstar2_evaluator._keys import OverrideError, help_text
-from rstar2_evaluator.benchmarks import BENCHMARKS, BenchmarkError
 from rstar2_evaluator.compare import compare_runs, read_summary
 from rstar2_evaluator.config import ConfigError, EvalConfig, load_config
 from rstar2_evaluator.evaluate import EvalFailed, run_evaluation
