@@ -138,6 +138,7 @@ async def collect(
     `on_done` is called once per finished job, `on_graded(problem, trajectory, grade)` once per
     graded trajectory; a grading error is raised once every grading task has ended.
     """
+    chosen = samples is not None
     if samples is None:
         samples = [(p, i) for p in problems for i in range(n)]
         problems = list(problems)
@@ -148,7 +149,7 @@ async def collect(
     by_id = {p.id: p for p in problems}
     sampling = RolloutSampling.of(config, n)
     asked = {p.id: Problem(p.id, p.question) for p in problems}
-    if len(samples) == len(problems) * n:
+    if not chosen:
         stream = source.generate(list(asked.values()), sampling)
     elif isinstance(source, SampleSource):
         stream = source.generate_samples([(asked[p.id], i) for p, i in samples], sampling)
