@@ -141,7 +141,9 @@ def test_help_config_of_a_section_and_of_no_such_section(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help-config", "nope"])
     assert exit_.value.code == 2
-    assert "no config section 'nope': choose one of model, benchmark" in _one_line_error(capsys)
+    assert "no config section 'nope': choose one of reward, model, benchmark" in _one_line_error(
+        capsys
+    )
 
 
 def test_overrides_may_follow_options(tmp_path, data, capsys):

@@ -26,7 +26,7 @@ from rstar2_rollout import Generation, SamplingParams
 from rstar2_rollout.tiny import build_tokenizer
 from rstar2_sandbox import LocalSandbox, SandboxClient, SandboxConfig, ServerConfig
 from rstar2_sandbox.server import SandboxServer
-from rstar2_verify import Grader, VerifyConfig
+from rstar2_verify import Verifier, VerifyConfig
 
 TOOL = "execute_python_code_with_standard_io"
 RAMBLE = "Let me count the ways again, carefully, one more time. " * 60
@@ -108,17 +108,20 @@ def _config(tmp_path) -> EvalConfig:
 
 
 async def _evaluate(config, tokenizer, store, todo, model, sandbox):
-    with Grader(VerifyConfig(workers=1)) as grader:
+    verifier = Verifier.local(VerifyConfig(workers=1))
+    try:
         return await evaluate(
             model,
             sandbox,
-            grader,
+            verifier,
             tokenizer,
             todo,
             rollout_config(config, None),
             store,
             max_failures=100,
         )
+    finally:
+        await verifier.close()
 
 
 def test_known_answers_give_hand_computed_metrics_and_resume_after_an_outage(tmp_path, tokenizer):

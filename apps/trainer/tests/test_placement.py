@@ -49,9 +49,9 @@ def test_colocated_ranks_offload_by_default_and_hold_one_engine_each():
     assert colocated.colocated_ranks and colocated.offloads
     assert colocated.activation_checkpointing
     assert not ClusterConfig(train_workers=8, gpus_per_train_worker=1).offloads
-    with pytest.raises(ValueError, match="set cluster.gpus_per_engine to 1"):
+    with pytest.raises(ValueError, match=r"set cluster\.gpus_per_engine to 1"):
         ClusterConfig(colocate=True, train_workers=8, gpus_per_train_worker=1, gpus_per_engine=2)
-    with pytest.raises(ValueError, match="remove cluster.engines_per_node"):
+    with pytest.raises(ValueError, match=r"remove cluster\.engines_per_node"):
         ClusterConfig(
             colocate=True,
             train_workers=2,

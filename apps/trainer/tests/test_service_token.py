@@ -14,7 +14,7 @@ import pytest
 from rstar2_proto.auth import DENIED
 from rstar2_trainer.placement.local import grpc_healthy
 from rstar2_trainer.placement.servers import ChildServer, RunToken, ServerError, console_script
-from rstar2_trainer.verifier import Verifier
+from rstar2_verify import Verifier
 
 
 def test_the_run_token_file_is_owner_only_and_fresh_per_start(tmp_path: Path) -> None:

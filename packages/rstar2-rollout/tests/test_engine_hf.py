@@ -8,10 +8,10 @@ from rstar2_rollout import (
     Engine,
     HFEngineConfig,
     Problem,
-    Rollout,
     RolloutConfig,
     SamplingParams,
     build_engine,
+    run_agent,
 )
 from rstar2_rollout.chat import ChatFormat
 from rstar2_rollout.engines.hf import HFEngine
@@ -70,16 +70,17 @@ def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, t
         runner.run(engine.update_weights([("nope", torch.zeros(1))]))
 
 
-def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenizer):
+def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenizer, roll_out):
     config = RolloutConfig(n=2, max_turns=2, max_response_tokens=48, temperature=1.0, seed=3)
-    rollout = Rollout(engine, sandbox, tokenizer, config)
-    trajs = runner.run(rollout.run([Problem("p1", "What is 2+3?")]))
+    trajs = runner.run(
+        roll_out(engine, sandbox, tokenizer, config, [Problem("p1", "What is 2+3?")])
+    )
     for traj in trajs:
         traj.validate()
         assert traj.finish_reason in ("no_tool_call", "max_length", "answered", "max_turns")
         assert 0 < traj.sampled_tokens <= 48 and traj.timings.generate_s > 0
     again = runner.run(
-        Rollout(engine, sandbox, tokenizer, config).run([Problem("p1", "What is 2+3?")])
+        roll_out(engine, sandbox, tokenizer, config, [Problem("p1", "What is 2+3?")])
     )
     assert [t.response_ids for t in again] == [t.response_ids for t in trajs]  # seeded
 
@@ -87,7 +88,5 @@ def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenize
 def test_a_closed_engine_fails_its_requests_with_a_reason(runner, engine, sandbox, tokenizer):
     closed = HFEngine(engine.model, name="hf-closed")
     runner.run(closed.close())
-    traj = runner.run(
-        Rollout(closed, sandbox, tokenizer, RolloutConfig(n=1)).run_one(Problem("p", "q"))
-    )
+    traj = runner.run(run_agent(closed, sandbox, tokenizer, Problem("p", "q"), RolloutConfig(n=1)))
     assert (traj.finish_reason, traj.error) == ("error", "engine hf-closed closed")

@@ -6,7 +6,16 @@ import time
 
 import pytest
 
-from rstar2_rollout import ChatFormat, Problem, Rollout, RolloutConfig, render_call, run_agent
+from rstar2_rollout import (
+    ChatFormat,
+    Problem,
+    RolloutConfig,
+    RolloutSampling,
+    collect,
+    one_engine_worker,
+    render_call,
+    run_agent,
+)
 from rstar2_rollout.chat import IM_END, REASON_OPEN
 from rstar2_rollout.engine import Generation
 from rstar2_rollout.trajectory import Trajectory
@@ -225,30 +234,60 @@ def test_a_slow_tool_never_stalls_other_trajectories(runner, sandbox, tokenizer,
     finished: dict[str, float] = {}
 
     async def main() -> None:
-        rollout = Rollout(model, sandbox, tokenizer, cfg)
+        worker = one_engine_worker(model, sandbox, tokenizer, cfg)
         problems = [Problem(name, "q") for name in scripts]
         started = time.perf_counter()
-        async for traj in rollout.stream(problems, n=1):
-            finished[traj.group_id] = time.perf_counter() - started
-            assert traj.finish_reason == "answered", traj
+        try:
+            async for result in worker.generate(problems, RolloutSampling.of(cfg, 1)):
+                traj = result.trajectory
+                finished[traj.group_id] = time.perf_counter() - started
+                assert traj.finish_reason == "answered", traj
+        finally:
+            await worker.scheduler.close()
 
     runner.run(main())
     assert finished["slow"] >= 3.0
     assert max(v for k, v in finished.items() if k != "slow") < 2.5  # 5 turns each, meanwhile
 
 
-def test_rollout_groups_trajectories_by_problem(runner, sandbox, tokenizer, scripted):
-    scripts = {"a": [ANSWER], "b": [CALL, ANSWER]}
+class AnswerIs42:
+    """A grader: reward 1 when the final answer block holds 42; the grade is the answer."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    async def score(self, problem: Problem, trajectory: Trajectory) -> str | None:
+        self.seen.append((problem.id, trajectory.sample_index))
+        trajectory.reward = float("42" in (trajectory.final_answer or ""))
+        return trajectory.final_answer
+
+
+def test_collect_grades_every_trajectory_and_returns_them_by_problem(
+    runner, sandbox, tokenizer, scripted
+):
+    scripts = {"a": [ANSWER], "b": [CALL, ANSWER], "c": [" I give up.</reason>"]}
     model = scripted(tokenizer, scripts)
-    rollout = Rollout(model, sandbox, tokenizer, RolloutConfig(n=3, temperature=0))
-    trajs = runner.run(rollout.run([Problem("a", "q"), Problem("b", "q")]))
-    assert [(t.group_id, t.sample_index) for t in trajs] == [
-        ("a", 0),
-        ("a", 1),
-        ("a", 2),
-        ("b", 0),
-        ("b", 1),
-        ("b", 2),
+    cfg = RolloutConfig(temperature=0)
+    worker = one_engine_worker(model, sandbox, tokenizer, cfg)
+    grader, graded = AnswerIs42(), []
+    problems = [Problem("a", "q"), Problem("b", "q"), Problem("c", "q")]
+    collected = runner.run(
+        collect(
+            worker,
+            grader,
+            problems,
+            3,
+            cfg,
+            on_graded=lambda p, t, grade: graded.append((p.id, t.sample_index, grade)),
+        )
+    )
+    runner.run(worker.scheduler.close())
+    assert [(t.group_id, t.sample_index) for t in collected.trajectories] == [
+        (p.id, i) for p in problems for i in range(3)
     ]
+    assert [t.reward for t in collected.trajectories] == [1.0] * 6 + [0.0] * 3
+    assert sorted(grader.seen) == [(p.id, i) for p in problems for i in range(3)]
+    assert len(graded) == 9 and {g for _, _, g in graded if g} == {"\\boxed{42}"}
+    assert collected.failed_jobs == [] and collected.rollout_s > 0
     seeds = {params.seed for _, _, params in model.requests}
     assert len(seeds) == len(model.requests)  # one seed per (problem, sample, turn)

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import pytest
 
 from rstar2_verify import (
     CORRECT_THRESHOLD,
-    RewardConfig,
     grade,
     graded_text,
     is_correct,
     reward_of,
 )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The two settings the rule reads (rstar2-rollout's pydantic model in the apps)."""
+
+    graded: Literal["answer_block", "response"] = "answer_block"
+    truncated: Literal["zero", "graded"] = "zero"
+
 
 TRAINING = RewardConfig()
 FREE_FORM = RewardConfig(graded="response", truncated="graded")

@@ -1,6 +1,6 @@
 """rstar2-evaluator: the `rstar2-eval` app, benchmark evaluation with the code tool."""
 
-from rstar2_evaluator.benchmarks import BENCHMARKS, BenchmarkError, load_benchmark
+from rstar2_curriculum import BENCHMARKS, BenchmarkError, load_benchmark
 from rstar2_evaluator.compare import Comparison, compare_runs
 from rstar2_evaluator.config import ConfigError, EvalConfig, load_config
 from rstar2_evaluator.evaluate import EvalFailed, evaluate, run_evaluation

@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from rstar2_config import help_config_action
-from rstar2_evaluator.benchmarks import BENCHMARKS, BenchmarkError
+from rstar2_curriculum import BENCHMARKS, BenchmarkError
 from rstar2_evaluator.compare import compare_runs, read_summary
 from rstar2_evaluator.config import ConfigError, EvalConfig, load_config
 from rstar2_evaluator.evaluate import EvalFailed, run_evaluation

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     SerializationInfo,
     field_serializer,
@@ -22,9 +23,10 @@ from pydantic import (
 
 from rstar2_config import ConfigError as ConfigError  # raised by load_config
 from rstar2_config import Recipes, Section, load
-from rstar2_rollout import EngineConfig, OpenAIEngineConfig
+from rstar2_curriculum import BenchmarkConfig
+from rstar2_rollout import EngineConfig, OpenAIEngineConfig, RewardConfig, SamplingProtocol
 from rstar2_sandbox import LocalSandboxConfig, SandboxBackendConfig, SandboxConfig
-from rstar2_verify import RewardConfig, VerifyConfig
+from rstar2_verify import VerifyConfig
 
 # The evaluator's default rule: grade the whole response, truncated or not (any model's answer).
 FREE_FORM = RewardConfig(graded="response", truncated="graded")
@@ -120,25 +122,6 @@ class EndpointModel(_Frozen):
 ModelConfig = Annotated[LocalModel | EndpointModel, Field(discriminator="kind")]
 
 
-class BenchmarkConfig(_Frozen):
-    """Which problems: a named benchmark, or any JSONL file."""
-
-    name: str = Field(description="aime24, aime25, math500, hmmt_feb25, or a .jsonl path.")
-    data: str | None = Field(
-        default=None, description="A local JSONL copy of a named benchmark (offline machines)."
-    )
-    question_field: str | None = Field(
-        default=None, description="Row field with the problem; None: the benchmark's own."
-    )
-    answer_field: str | None = Field(
-        default=None, description="Row field with the reference answer; None: the benchmark's."
-    )
-    id_field: str | None = Field(
-        default=None, description="Row field with a unique id; None: the benchmark's, or row order."
-    )
-    limit: int | None = Field(default=None, gt=0, description="Evaluate only the first N problems.")
-
-
 def _tool_spelling(data: Any) -> Any:
     """The evaluator's old tool spellings, mapped to rstar2-sandbox's backends:
     `{kind: grpc, address: "a,b"}` is `{kind: remote, addresses: [a, b]}`, and the limits of
@@ -163,19 +146,15 @@ def _tool_spelling(data: Any) -> Any:
     return {**data, "tool": tool}
 
 
-class EvalConfig(_Frozen):
-    """One evaluation run."""
+class EvalConfig(SamplingProtocol):
+    """One evaluation run: a sampling protocol (rstar2-rollout's, shared with rstar2-train: its
+    samples, temperature, top_p, max_turns, max_response_tokens, seed and reward keys) plus the
+    model, the problems, the tool and the grader."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: ModelConfig = Field(description="The policy: a local folder or an endpoint.")
     benchmark: BenchmarkConfig = Field(description="The problems.")
-    samples: int = Field(default=16, gt=0, description="Samples per problem (n).")
-    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
-    max_turns: int = Field(default=30, gt=0, description="Assistant turns per sample.")
-    max_response_tokens: int = Field(
-        default=30720, gt=0, description="Response-token budget over all turns (tool output too)."
-    )
-    seed: int = Field(default=0, description="Run seed; each sample's seed derives from it.")
     system_prompt: Literal["paper", "compact"] = Field(
         default="paper",
         description="The system prompt the policy was trained with: the paper's, or the compact "

@@ -1,11 +1,11 @@
 """One evaluation run, top to bottom: problems, model, run directory, rollouts, grading, summary.
 
-The same parts and path as training: rstar2-rollout's `RolloutWorker` (its scheduler places
-every sample on the engine, the agent loop runs it with the paper's chat format and tool-call
-parser), the code tool in a sandbox (`LocalSandbox` in this process, or a sandbox server), and
-rstar2-verify's `Grader` with its reward rule (`config.reward`: the whole response by default;
-`reward.graded=answer_block reward.truncated=zero` is rstar2-train's, so its held-out accuracy
-is reproduced exactly). Each sample's seed derives from (run seed, problem id, sample index,
+The same function as training: `rstar2_rollout.collect` over a `RolloutWorker` on the one engine
+(its scheduler places every sample, the agent loop runs it with the paper's chat format and
+tool-call parser), the code tool in a sandbox (`LocalSandbox` in this process, or a sandbox
+server), and rstar2-verify's `Scorer` with the config's reward rule (`config.reward`: the whole
+response by default; `reward.graded=answer_block reward.truncated=zero` is rstar2-train's, so its
+held-out accuracy is reproduced exactly, by construction). Each sample's seed derives from (run seed, problem id, sample index,
 turn), so a resumed run draws what the uninterrupted one would have.
 
 Order matters for "nothing half-written looks finished": the benchmark is loaded and the model
@@ -28,8 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rstar2_curriculum import Problem, normalise_answer
-from rstar2_evaluator.benchmarks import load_benchmark
+from rstar2_curriculum import Problem, load_benchmark, normalise_answer
 from rstar2_evaluator.config import FREE_FORM, EvalConfig
 from rstar2_evaluator.metrics import Summary, summarize
 from rstar2_evaluator.model import check_model, load_tokenizer
@@ -38,24 +37,17 @@ from rstar2_evaluator.report import progress_bar
 from rstar2_evaluator.store import RunStore
 from rstar2_evaluator.tool import check_tool
 from rstar2_rollout import (
-    ChatFormat,
     Engine,
     EngineConfig,
-    LeastRequestsPolicy,
+    RewardConfig,
     RolloutConfig,
-    RolloutSampling,
-    RolloutWorker,
-    Scheduler,
-    SchedulerConfig,
     Trajectory,
-    WorkerConfig,
-    agent_producer,
     build_engine,
-    system_prompt,
+    collect,
+    one_engine_worker,
 )
-from rstar2_rollout import Problem as RolloutProblem
 from rstar2_sandbox import Sandbox, open_sandbox
-from rstar2_verify import Grader, RewardConfig, graded_text, is_correct, reward_of
+from rstar2_verify import Grade, Scorer, Verifier, is_correct
 
 
 class EvalFailed(RuntimeError):
@@ -71,23 +63,19 @@ def answer_key(answer: str | None) -> str | None:
 
 
 def rollout_config(config: EvalConfig, context: int | None) -> RolloutConfig:
-    return RolloutConfig(
-        n=config.samples,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_turns=config.max_turns,
-        max_response_tokens=config.max_response_tokens,
+    """The agent loop's settings: the config's sampling protocol and its tool limits."""
+    loop = RolloutConfig(
         max_context_tokens=context,
         tool_timeout_s=config.tool_timeout_s,
         max_tool_response_chars=config.max_tool_response_chars,
         max_concurrency=config.concurrency,
-        seed=config.seed,
         system_prompt=config.system_prompt,
     )
+    return config.apply(loop)
 
 
 def to_record(
-    problem: Problem, traj: Trajectory, text: str, grade: Any, correct: bool, seconds: float
+    problem: Problem, traj: Trajectory, text: str, grade: Grade | None, seconds: float
 ) -> SampleRecord:
     """A finished trajectory, its grade (None: nothing to grade) and verdict, as one line."""
     extracted = grade.extracted if grade is not None else None
@@ -97,7 +85,7 @@ def to_record(
         reference=problem.answer,
         answer=extracted,
         answer_key=answer_key(extracted),
-        correct=correct,
+        correct=is_correct(traj.reward),
         finish_reason=traj.finish_reason or "error",
         response_tokens=len(traj.response_ids),
         sampled_tokens=traj.sampled_tokens,
@@ -111,7 +99,7 @@ def to_record(
 async def evaluate(
     engine: Engine,
     sandbox: Sandbox,
-    grader: Grader,
+    verifier: Verifier,
     tokenizer: Any,
     todo: Sequence[tuple[Problem, int]],
     config: RolloutConfig,
@@ -122,45 +110,30 @@ async def evaluate(
     on_done: Callable[[SampleRecord], None] | None = None,
 ) -> list[str]:
     """Roll out, grade and record every (problem, sample index) in `todo`; return the failures."""
-    fmt = ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
-    produce, prompt_tokens = agent_producer(sandbox, fmt, config)
-    policy = LeastRequestsPolicy(max_running_per_engine=config.max_concurrency)
-    scheduler: Scheduler = Scheduler([engine], SchedulerConfig(policy=policy))
-    worker = RolloutWorker(
-        scheduler,
-        produce,
-        prompt_tokens,
-        WorkerConfig(max_trajectories=max(1, len(todo))),
-        system_prompt_style=config.system_prompt,
-    )
-    by_id = {p.id: p for p, _ in todo}
-    samples = [(RolloutProblem(p.id, p.question), i) for p, i in todo]
-    failures: list[str] = []
-    if not samples:
-        return failures
-    stream = worker.generate_samples(samples, RolloutSampling.of(config, 1))
+    worker = one_engine_worker(engine, sandbox, tokenizer, config)
+
+    def record(problem: Problem, traj: Trajectory, grade: Grade | None) -> None:
+        text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+        seconds = traj.timings.generate_s + traj.timings.tool_s  # the sample's own time
+        sample = to_record(problem, traj, text, grade, seconds)
+        store.append(sample)
+        if on_done is not None:
+            on_done(sample)
+
     try:
-        async for result in stream:
-            traj, problem = result.trajectory, by_id[result.trajectory.group_id]
-            why = traj.error if traj.finish_reason == "error" else ""  # the engine's or sandbox's
-            if why:
-                failures.append(f"{problem.id}#{traj.sample_index}: {why}")
-                if len(failures) >= max_failures:
-                    break
-                continue
-            text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
-            graded = graded_text(reward, response=text, final_answer=traj.final_answer)
-            grade = await grader.agrade(graded, problem.answer) if graded else None
-            correct = is_correct(reward_of(grade, traj.finish_reason, reward))
-            seconds = traj.timings.generate_s + traj.timings.tool_s  # the sample's own time
-            record = to_record(problem, traj, text, grade, correct, seconds)
-            store.append(record)
-            if on_done is not None:
-                on_done(record)
+        collected = await collect(
+            worker,
+            Scorer(verifier, reward, tokenizer),
+            [],
+            config.n,
+            config,
+            samples=todo,
+            on_graded=record,
+            max_failures=max_failures,
+        )
     finally:
-        await stream.aclose()
-        await scheduler.close()
-    return failures
+        await worker.scheduler.close()
+    return collected.failed_jobs
 
 
 async def _run(
@@ -175,13 +148,14 @@ async def _run(
     rollout = rollout_config(config, context)
     async with AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
-        grader = stack.enter_context(Grader(config.verify))
+        verifier = Verifier.local(config.verify)
+        stack.push_async_callback(verifier.close)
         engine = build_engine(engine_config, tokenizer=tokenizer)
         stack.push_async_callback(engine.close)
         return await evaluate(
             engine,
             sandbox,
-            grader,
+            verifier,
             tokenizer,
             todo,
             rollout,

@@ -23,10 +23,17 @@ from rstar2_algos import AlgoConfig, GrpoRocConfig
 from rstar2_config import ConfigError as ConfigError  # raised by load_config
 from rstar2_config import Recipes, Section, load, validate
 from rstar2_curriculum import CurriculumConfig, SFTSources
-from rstar2_rollout import EngineConfig, RolloutConfig, SchedulerConfig, VLLMEngineConfig
+from rstar2_rollout import (
+    EngineConfig,
+    RewardConfig,
+    RolloutConfig,
+    SamplingProtocol,
+    SchedulerConfig,
+    VLLMEngineConfig,
+)
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
 from rstar2_trainer.placement.config import ClusterConfig, RemoteRolloutConfig
-from rstar2_verify import RewardConfig, VerifyConfig
+from rstar2_verify import VerifyConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 if not CONFIG_DIR.is_dir():  # editable install: the recipes live beside src/
@@ -254,17 +261,6 @@ class ServiceConfig(_Section):
         return self
 
 
-class BenchmarkProtocol(_Section):
-    """Sampling for benchmark files: the paper's is T=0.6, 16 samples, 30K tokens, 30 turns."""
-
-    temperature: float = Field(default=0.6, ge=0, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    samples: int = Field(default=16, gt=0, description="Samples per problem; report avg@k.")
-    max_response_tokens: int = Field(default=30720, gt=0, description="Response budget.")
-    max_turns: int = Field(default=30, gt=0, description="Assistant turns per sample.")
-    seed: int = Field(default=0, description="Seed of the benchmark samples.")
-
-
 class HardPassConfig(_Section):
     """How a stage on the hard subset (`data: hard`) finds it when it starts."""
 
@@ -311,10 +307,23 @@ class EvalConfig(_Section):
         description="Benchmark files (JSONL or Parquet rows with question and answer, the "
         "evaluator's format), each reported as avg@k under its file name.",
     )
-    benchmark: BenchmarkProtocol = Field(
-        default_factory=lambda: BenchmarkProtocol(),
-        description="How the benchmark files are evaluated (the paper's protocol).",
+    benchmark: SamplingProtocol = Field(
+        default_factory=SamplingProtocol,
+        description="How the benchmark files are sampled and scored (the paper's protocol, "
+        "rstar2-eval's keys).",
     )
+
+    def protocol(self, *, top_p: float, reward: RewardConfig) -> SamplingProtocol:
+        """The held-out evaluation as a sampling protocol (top-p and reward are the run's)."""
+        return SamplingProtocol(
+            samples=self.samples,
+            temperature=self.temperature,
+            top_p=top_p,
+            max_turns=self.max_turns,
+            max_response_tokens=self.max_response_tokens,
+            seed=self.seed,
+            reward=reward,
+        )
 
     @model_validator(mode="after")
     def _samples_need_sampling(self) -> EvalConfig:

@@ -24,19 +24,17 @@ from pathlib import Path
 
 from rstar2_curriculum import (
     DataError,
-    JsonlSource,
-    ParquetSource,
     Prepared,
     Problem,
     SFTExample,
     SFTReport,
     generate_problems,
-    load_problems,
+    load_benchmark_file,
     load_sft,
     prepare,
     sft_traces,
 )
-from rstar2_rollout.loop import derive_seed
+from rstar2_rollout import derive_seed
 from rstar2_trainer.config import TrainerConfig
 
 
@@ -55,22 +53,17 @@ def benchmark_name(path: str) -> str:
     return Path(path).stem
 
 
-def load_benchmark_file(path: str, seed: int) -> list[Problem]:
-    """A benchmark file in the evaluator's format: JSONL or Parquet rows of question, answer."""
+def load_benchmark(path: str) -> list[Problem]:
+    """A benchmark file of `eval.sources`, read whole by the curriculum's strict loader (the one
+    rstar2-eval uses); ids are prefixed with the file's name."""
     if not Path(path).exists():
         raise DataError(f"eval.sources: {path} does not exist")
-    source = ParquetSource(path=path) if path.endswith(".parquet") else JsonlSource(path=path)
-    result = load_problems(source, seed=seed)
-    if result.report.skipped:
-        reasons = ", ".join(f"{k}: {v}" for k, v in result.report.skipped.items())
-        raise DataError(
-            f"eval.sources: {path}: {sum(result.report.skipped.values())} rows could not be read "
-            f"({reasons}); a benchmark must be read whole: fix the file"
-        )
-    if not result.problems:
-        raise DataError(f"eval.sources: {path} holds no problems")
+    try:
+        problems = load_benchmark_file(path)
+    except DataError as error:
+        raise DataError(f"eval.sources: {error}") from None
     name = benchmark_name(path)
-    return [p.model_copy(update={"id": f"{name}/{p.id}"}) for p in result.problems]
+    return [p.model_copy(update={"id": f"{name}/{p.id}"}) for p in problems]
 
 
 def load_run_data(config: TrainerConfig, *, resume: bool = False) -> RunData:
@@ -83,8 +76,7 @@ def load_run_data(config: TrainerConfig, *, resume: bool = False) -> RunData:
     if len(set(names)) != len(names):
         raise DataError(f"eval.sources: two benchmark files share a name ({names}); rename one")
     benchmarks = {
-        name: load_benchmark_file(p, seed)
-        for name, p in zip(names, config.eval.sources, strict=True)
+        name: load_benchmark(p) for name, p in zip(names, config.eval.sources, strict=True)
     }
     against = [p for problems in benchmarks.values() for p in problems]
     prepared = prepare(config.curriculum, seed=seed, eval_problems=against)

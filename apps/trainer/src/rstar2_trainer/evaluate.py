@@ -1,12 +1,15 @@
 """Evaluation inside a training run: accuracy of the current policy on problems it does not train on.
 
-Two kinds, each through the same trajectory source, agent loop, sandbox and reward rule as
-training; accuracy is the mean reward over every sample (avg@k, as the paper reports):
+One `evaluate` for both kinds, through the same trajectory source, agent loop, sandbox and
+`rstar2_rollout.collect` as training, under a `SamplingProtocol` (the model `rstar2-eval` reads,
+so the final table's command reproduces a number exactly). Accuracy is the mean reward over every
+sample (avg@k, as the paper reports). The kinds differ only in problems and protocol:
 
-- `evaluate`: the synthetic held-out set (the tiny recipe), problems drawn with the evaluation
-  seed minus any question the run trains on, with the `eval` section's sampling;
-- `evaluate_benchmark`: a benchmark file of `eval.sources` (AIME, MATH-500, ...) with the
-  paper's protocol (`eval.benchmark`: T=0.6, 16 samples, 30K tokens, 30 turns by default).
+- the synthetic held-out set (the tiny recipe): problems drawn with the evaluation seed minus
+  any question the run trains on (`held_out_problems`), under `eval.protocol(...)`: the `eval`
+  section's sampling with the run's top-p and reward rule;
+- a benchmark file of `eval.sources` (AIME, MATH-500, ...) under `eval.benchmark`: the paper's
+  protocol by default (T=0.6, 16 samples, 30K tokens, 30 turns, training's reward rule).
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from rstar2_curriculum import Problem, generate_problems
-from rstar2_rollout import RolloutConfig
-from rstar2_trainer.collect import Collected, collect
-from rstar2_trainer.config import BenchmarkProtocol, EvalConfig
+from rstar2_rollout import Collected, RolloutConfig, SamplingProtocol, collect
+from rstar2_trainer.config import EvalConfig
 from rstar2_trainer.stats import trajectory_stats
 
 if TYPE_CHECKING:
@@ -40,60 +42,23 @@ def held_out_problems(config: EvalConfig, training: Sequence[Problem]) -> list[P
 async def evaluate(
     parts: Parts,
     problems: Sequence[Problem],
-    config: EvalConfig,
+    protocol: SamplingProtocol,
     base: RolloutConfig,
     on_done: Callable[[], None] | None = None,
-) -> tuple[dict[str, float | None], Collected]:
-    """Accuracy and trajectory statistics of the current policy on `problems`."""
-    sampling = {
-        "temperature": config.temperature,
-        "max_turns": config.max_turns,
-        "max_response_tokens": config.max_response_tokens,
-        "seed": config.seed,
-    }
-    return await _accuracy(
-        parts, problems, config.samples, base.model_copy(update=sampling), on_done
-    )
-
-
-async def evaluate_benchmark(
-    parts: Parts,
-    problems: Sequence[Problem],
-    protocol: BenchmarkProtocol,
-    base: RolloutConfig,
-    on_done: Callable[[], None] | None = None,
-) -> tuple[dict[str, float | None], Collected]:
-    """avg@k and trajectory statistics of the current policy on a benchmark's problems."""
-    sampling = {
-        "temperature": protocol.temperature,
-        "top_p": protocol.top_p,
-        "max_turns": protocol.max_turns,
-        "max_response_tokens": protocol.max_response_tokens,
-        "seed": protocol.seed,
-    }
-    rollout = base.model_copy(update=sampling)
-    return await _accuracy(parts, problems, protocol.samples, rollout, on_done)
-
-
-async def _accuracy(
-    parts: Parts,
-    problems: Sequence[Problem],
-    samples: int,
-    rollout: RolloutConfig,
-    on_done: Callable[[], None] | None,
-) -> tuple[dict[str, float | None], Collected]:
+) -> tuple[dict[str, float | None], Collected[Problem]]:
+    """Accuracy (avg@k) and trajectory statistics of the current policy on `problems`."""
     collected = await collect(
         parts.source,
-        parts.scorer,
+        parts.scorer.under(protocol.reward),
         problems,
-        samples,
-        rollout,
+        protocol.samples,
+        protocol.apply(base),
         meters=parts.engines,
         on_done=on_done,
     )
     stats = trajectory_stats(collected.trajectories)
     stats["accuracy"] = stats.pop("reward", 0.0)
     stats["problems"] = len(problems)
-    stats["samples"] = samples
+    stats["samples"] = protocol.samples
     stats["failed_jobs"] = len(collected.failed_jobs)
     return stats, collected

@@ -19,14 +19,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rstar2_curriculum import Stage
-from rstar2_rollout.loop import derive_seed
-from rstar2_trainer.collect import collect, rollout_config_for
+from rstar2_curriculum import Curriculum, Stage
+from rstar2_rollout import collect, derive_seed
+from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.rundir import report
+from rstar2_trainer.sampling import rollout_config_for
 from rstar2_verify import is_correct
 
 if TYPE_CHECKING:
-    from rstar2_trainer.train import Run
+    from rstar2_trainer.placement.local import Parts
 
 
 def _read_done(path: Path) -> dict[str, list[bool]]:
@@ -41,17 +42,25 @@ def _read_done(path: Path) -> dict[str, list[bool]]:
     return done
 
 
-async def hard_subset_pass(run: Run, stage: Stage) -> dict[str, Any]:
-    """Roll out every problem `stage.hard_k` times, record the outcomes; the counts."""
-    config, curriculum, k = run.config, run.curriculum, stage.hard_k
-    path = run.run_dir / "hard_pass" / f"{stage.name}.jsonl"
+async def hard_subset_pass(
+    parts: Parts,
+    curriculum: Curriculum,
+    config: TrainerConfig,
+    run_dir: Path,
+    step: int,
+    stage: Stage,
+) -> dict[str, Any]:
+    """Roll out every problem `stage.hard_k` times at RL step `step`, record the outcomes in
+    `curriculum`; return the counts."""
+    k = stage.hard_k
+    path = run_dir / "hard_pass" / f"{stage.name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _read_done(path)
     todo = [p for p in curriculum.problems if p.id not in done]
     rollout = rollout_config_for(
         config.rollout,
         seed=derive_seed(config.run.seed, "hard", stage.name),
-        step=run.step,
+        step=step,
         max_response_tokens=stage.max_response_tokens,
         max_turns=stage.max_turns,
     )
@@ -61,12 +70,12 @@ async def hard_subset_pass(run: Run, stage: Stage) -> dict[str, Any]:
         for first in range(0, len(todo), size):
             chunk = todo[first : first + size]
             collected = await collect(
-                run.parts.source,
-                run.parts.scorer,
+                parts.source,
+                parts.scorer,
                 chunk,
                 k,
                 rollout,
-                meters=run.parts.engines,
+                meters=parts.engines,
                 on_done=advance,
             )
             outcomes: dict[str, list[bool]] = {p.id: [] for p in chunk}

@@ -40,12 +40,11 @@ import torch
 
 from rstar2_algos import build_algorithm
 from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
+from rstar2_rollout import collect, derive_seed
 from rstar2_rollout.chat import encode_conversation
-from rstar2_rollout.loop import derive_seed
-from rstar2_trainer.collect import collect, rollout_config_for
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
-from rstar2_trainer.evaluate import evaluate, evaluate_benchmark, held_out_problems
+from rstar2_trainer.evaluate import evaluate, held_out_problems
 from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
@@ -54,6 +53,7 @@ from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_poli
 from rstar2_trainer.rundir.export import load_weights
 from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
+from rstar2_trainer.sampling import rollout_config_for
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
 from rstar2_trainer.training.policy import Policy, open_policy
 from rstar2_trainer.training.precision import Precision
@@ -169,7 +169,8 @@ async def run_eval(run: Run, when: str) -> None:
     if run.held_out:
         total = len(run.held_out) * config.eval.samples
         with report.progress(f"eval ({when})", total) as advance:
-            stats, _ = await evaluate(run.parts, run.held_out, config.eval, config.rollout, advance)
+            held_out = config.eval.protocol(top_p=config.rollout.top_p, reward=config.reward)
+            stats, _ = await evaluate(run.parts, run.held_out, held_out, config.rollout, advance)
         record = {"when": when, **stats}
         run.evals.append({**record, "step": run.step})
         run.log.log("eval", run.step, record)
@@ -182,9 +183,7 @@ async def run_eval(run: Run, when: str) -> None:
     for name, problems in run.benchmarks.items():
         total = len(problems) * protocol.samples
         with report.progress(f"{name} ({when})", total) as advance:
-            stats, _ = await evaluate_benchmark(
-                run.parts, problems, protocol, config.rollout, advance
-            )
+            stats, _ = await evaluate(run.parts, problems, protocol, config.rollout, advance)
         record = {"when": when, "benchmark": name, **stats}
         run.evals.append({**record, "step": run.step})
         run.log.log("benchmark", run.step, record)
@@ -354,7 +353,9 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
             and entered.data == "hard"
             and run.config.hard_pass.mode == "rollouts"
         ):
-            record = await hard_subset_pass(run, entered)
+            record = await hard_subset_pass(
+                run.parts, run.curriculum, run.config, run.run_dir, run.step, entered
+            )
             run.log.log("hard_pass", run.step, record)
     if run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished:
         await save(run)
@@ -368,19 +369,11 @@ async def save(run: Run) -> None:
 
 
 def final_eval_command(config: TrainerConfig) -> str:
-    """The `rstar2-eval` settings that reproduce the run's last held-out evaluation."""
-    e, r = config.eval, config.rollout
-    settings = [
-        f"system_prompt={r.system_prompt}",
-        f"samples={e.samples}",
-        f"temperature={e.temperature}",
-        f"top_p={r.top_p}",
-        f"max_turns={e.max_turns}",
-        f"max_response_tokens={e.max_response_tokens}",
-        f"seed={e.seed}",
-        f"reward.graded={config.reward.graded}",
-        f"reward.truncated={config.reward.truncated}",
-    ]
+    """The `rstar2-eval` settings that reproduce the run's last held-out evaluation: its
+    sampling protocol (the model `rstar2-eval`'s config is), the prompt and the tool limits."""
+    r = config.rollout
+    protocol = config.eval.protocol(top_p=r.top_p, reward=config.reward)
+    settings = [f"system_prompt={r.system_prompt}", *protocol.overrides()]
     if r.tool_timeout_s is not None:
         settings.append(f"tool_timeout_s={r.tool_timeout_s}")
     if r.max_tool_response_chars is not None:

@@ -1,7 +1,15 @@
 """rstar2-curriculum: problems, cleaning, difficulty, the multi-stage plan, SFT data."""
 
+from rstar2_curriculum.benchmarks import (
+    BENCHMARKS,
+    Benchmark,
+    BenchmarkError,
+    load_benchmark,
+    load_benchmark_file,
+)
 from rstar2_curriculum.clean import CleanReport, CleanResult, Dropped, clean, normalise_answer
 from rstar2_curriculum.config import (
+    BenchmarkConfig,
     CleanConfig,
     CurriculumConfig,
     DifficultyConfig,
@@ -52,9 +60,13 @@ from rstar2_curriculum.synthetic import FAMILIES, generate_problems
 from rstar2_curriculum.traces import sft_traces
 
 __all__ = [
+    "BENCHMARKS",
     "FAMILIES",
     "PYTHON_TOOL_NAME",
     "Batch",
+    "Benchmark",
+    "BenchmarkConfig",
+    "BenchmarkError",
     "CleanConfig",
     "CleanReport",
     "CleanResult",
@@ -98,6 +110,8 @@ __all__ = [
     "convert_rows",
     "generate_problems",
     "keep_verified",
+    "load_benchmark",
+    "load_benchmark_file",
     "load_hf",
     "load_jsonl",
     "load_parquet",

@@ -117,6 +117,27 @@ class HFSource(_Frozen):
         return _check_preset(self)
 
 
+class BenchmarkConfig(_Frozen):
+    """Which evaluation problems: a named benchmark (`benchmarks.BENCHMARKS`), or a file."""
+
+    name: str = Field(
+        description="aime24, aime25, math500, hmmt_feb25, or a .jsonl / .parquet path."
+    )
+    data: str | None = Field(
+        default=None, description="A local JSONL copy of a named benchmark (offline machines)."
+    )
+    question_field: str | None = Field(
+        default=None, description="Row field with the problem; None: the benchmark's own."
+    )
+    answer_field: str | None = Field(
+        default=None, description="Row field with the reference answer; None: the benchmark's."
+    )
+    id_field: str | None = Field(
+        default=None, description="Row field with a unique id; None: the benchmark's, or row order."
+    )
+    limit: int | None = Field(default=None, gt=0, description="Evaluate only the first N problems.")
+
+
 SourceConfig = Annotated[
     SyntheticSource | JsonlSource | ParquetSource | HFSource, Field(discriminator="kind")
 ]

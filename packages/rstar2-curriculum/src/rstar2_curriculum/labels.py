@@ -9,8 +9,9 @@ rollout package builds (`rstar2_rollout.build_engine`) and grades them with rsta
   instruction: reason in `<reason>`, answer in `<answer>`), the question in the paper's user
   template, the `<reason>` generation prefix; the whole response is graded (rstar2-verify
   finds the last `<answer>` / `\\boxed{}` in it).
-- `mode="agent"`: the rollout package's agent loop with the Python tool on a sandbox; the final
-  `<answer>` block is graded, as the trainer grades a rollout.
+- `mode="agent"`: `rstar2_rollout.collect`, the path the trainer and the evaluator take (the
+  agent loop with the Python tool on a sandbox), scored by rstar2-verify's `Scorer` on the final
+  `<answer>` block, truncated or not; a sample whose engine or sandbox failed is not counted.
 
 Seeds derive from (seed, problem id, sample index). The engine and grader need the
 `label-check` extra (`pip install "rstar2-curriculum[label-check]"`, plus the engine's own
@@ -113,9 +114,9 @@ def require_extra() -> None:
 async def _plain_samples(
     problems: Sequence[Problem], engine: Any, tokenizer: Any, config: LabelCheckConfig
 ) -> tuple[dict[str, list[str]], dict[str, int]]:
+    from rstar2_rollout import derive_seed
     from rstar2_rollout.chat import ChatFormat, system_prompt
     from rstar2_rollout.engine import SamplingParams
-    from rstar2_rollout.loop import derive_seed
 
     fmt = ChatFormat(tokenizer, system_prompt((), style=config.system_prompt))
     slots = asyncio.Semaphore(config.max_concurrency)
@@ -146,35 +147,49 @@ async def _plain_samples(
     return out, endings
 
 
-async def _agent_samples(
+async def _agent_check(
     problems: Sequence[Problem], engine: Any, tokenizer: Any, sandbox: Any, config: LabelCheckConfig
-) -> tuple[dict[str, list[str]], dict[str, int]]:
-    from rstar2_rollout.config import RolloutConfig
-    from rstar2_rollout.loop import Rollout
+) -> tuple[dict[str, list[bool]], dict[str, list[str | None]], dict[str, int]]:
+    """`rstar2_rollout.collect` (the trainer's and the evaluator's path) with rstar2-verify's
+    scorer on the final `<answer>` block, truncated or not: marks, answers, sample endings."""
+    from rstar2_rollout import RewardConfig, RolloutConfig, collect, one_engine_worker
+    from rstar2_verify import Scorer, Verifier, VerifyConfig, is_correct
 
-    rollout = Rollout(
-        engine,
-        sandbox,
-        tokenizer,
-        RolloutConfig(
-            n=config.k,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_turns=config.max_turns,
-            max_response_tokens=config.max_response_tokens,
-            max_concurrency=config.max_concurrency,
-            seed=config.seed,
-            system_prompt=config.system_prompt,
-        ),
+    rollout = RolloutConfig(
+        n=config.k,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_turns=config.max_turns,
+        max_response_tokens=config.max_response_tokens,
+        max_concurrency=config.max_concurrency,
+        seed=config.seed,
+        system_prompt=config.system_prompt,
     )
-    out: dict[str, list[str]] = {p.id: [] for p in problems}
+    worker = one_engine_worker(engine, sandbox, tokenizer, rollout)
+    verifier = Verifier.local(VerifyConfig())
+    rule = RewardConfig(graded="answer_block", truncated="graded")
+    said: dict[str, list[str | None]] = {p.id: [] for p in problems}
+    try:
+        collected = await collect(
+            worker,
+            Scorer(verifier, rule, tokenizer),
+            problems,
+            config.k,
+            rollout,
+            on_graded=lambda p, _, grade: said[p.id].append(grade and grade.extracted),
+        )
+    finally:
+        await worker.scheduler.close()
+        await verifier.close()
+    correct: dict[str, list[bool]] = {p.id: [] for p in problems}
     endings: dict[str, int] = {}
-    for traj in await rollout.run(problems):
+    for traj in collected.trajectories:
         ending = traj.finish_reason or "unfinished"
         endings[ending] = endings.get(ending, 0) + 1
-        final = traj.final_answer
-        out[traj.group_id].append(f"<answer>{final}</answer>" if final else "")
-    return out, endings
+        correct[traj.group_id].append(is_correct(traj.reward))
+    if collected.failed_jobs:
+        endings["error"] = len(collected.failed_jobs)
+    return correct, said, endings
 
 
 async def check_labels(
@@ -193,13 +208,13 @@ async def check_labels(
     if config.mode == "agent":
         if sandbox is None:
             raise ValueError("mode 'agent' needs a sandbox for the Python tool")
-        texts, endings = await _agent_samples(problems, engine, tokenizer, sandbox, config)
+        correct, said, endings = await _agent_check(problems, engine, tokenizer, sandbox, config)
     else:
         texts, endings = await _plain_samples(problems, engine, tokenizer, config)
-    pairs = [(text, p.answer) for p in problems for text in texts[p.id]]
-    grades = iter(await agrade_many(pairs))
-    per_problem = {p.id: [next(grades) for _ in texts[p.id]] for p in problems}
-    correct = {i: [g.correct for g in gs] for i, gs in per_problem.items()}
-    said = {i: [g.extracted for g in gs] for i, gs in per_problem.items()}
+        pairs = [(text, p.answer) for p in problems for text in texts[p.id]]
+        grades = iter(await agrade_many(pairs))
+        per_problem = {p.id: [next(grades) for _ in texts[p.id]] for p in problems}
+        correct = {i: [g.correct for g in gs] for i, gs in per_problem.items()}
+        said = {i: [g.extracted for g in gs] for i, gs in per_problem.items()}
     kept, report = keep_verified(problems, correct, config.m, config.k, said)
     return kept, report.model_copy(update={"finish_reasons": dict(sorted(endings.items()))})

@@ -9,6 +9,13 @@ from rstar2_rollout.chat import (
     wrap_question,
 )
 from rstar2_rollout.client import RolloutClient, RolloutError, WeightUpdate
+from rstar2_rollout.collect import (
+    Collected,
+    Grader,
+    SampleSource,
+    TrajectorySource,
+    collect,
+)
 from rstar2_rollout.config import (
     CacheAwarePolicy,
     EngineConfig,
@@ -37,19 +44,27 @@ from rstar2_rollout.engine import (
     StreamingEngine,
 )
 from rstar2_rollout.engines import build_engine
-from rstar2_rollout.loop import Problem, Rollout, format_tool_result, run_agent
+from rstar2_rollout.loop import Problem, ProblemLike, derive_seed, format_tool_result, run_agent
+from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
 from rstar2_rollout.toolcall import ParsedTurn, ToolCallRequest, parse_turn, render_call
 from rstar2_rollout.trajectory import FinishReason, Timings, ToolCallRecord, ToolOutcome, Trajectory
 from rstar2_rollout.weights import InvalidWeights, WeightSpec
-from rstar2_rollout.worker import RolloutSampling, RolloutWorker, WorkerResult, agent_producer
+from rstar2_rollout.worker import (
+    RolloutSampling,
+    RolloutWorker,
+    WorkerResult,
+    agent_producer,
+    one_engine_worker,
+)
 
 __all__ = [
     "PYTHON_TOOL",
     "TOOL_NAME",
     "CacheAwarePolicy",
     "ChatFormat",
+    "Collected",
     "Engine",
     "EngineConfig",
     "EngineProgress",
@@ -57,6 +72,7 @@ __all__ = [
     "FinishReason",
     "ForecastPolicy",
     "Generation",
+    "Grader",
     "HFEngineConfig",
     "InvalidWeights",
     "Job",
@@ -70,14 +86,17 @@ __all__ = [
     "ParsedTurn",
     "PowerOfTwoPolicy",
     "Problem",
+    "ProblemLike",
     "ProgressEngine",
-    "Rollout",
+    "RewardConfig",
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
     "RolloutSampling",
     "RolloutWorker",
+    "SampleSource",
     "SamplingParams",
+    "SamplingProtocol",
     "Scheduler",
     "SchedulerConfig",
     "SleepingEngine",
@@ -88,6 +107,7 @@ __all__ = [
     "ToolCallRequest",
     "ToolOutcome",
     "Trajectory",
+    "TrajectorySource",
     "VLLMEngineConfig",
     "WeightSpec",
     "WeightUpdate",
@@ -95,8 +115,11 @@ __all__ = [
     "WorkerResult",
     "agent_producer",
     "build_engine",
+    "collect",
+    "derive_seed",
     "encode_conversation",
     "format_tool_result",
+    "one_engine_worker",
     "parse_turn",
     "render_call",
     "run_agent",

@@ -139,7 +139,7 @@ class RolloutConfig(_Frozen):
         default=None, gt=0, description="Wall limit of one tool call; None: the sandbox's default."
     )
     max_concurrency: int = Field(
-        default=512, gt=0, description="Trajectories in flight at once in one `Rollout`."
+        default=512, gt=0, description="Trajectories in flight at once on one engine."
     )
     seed: int = Field(default=0, description="Run seed; per-turn seeds derive from it.")
     system_prompt: Literal["paper", "compact"] = Field(

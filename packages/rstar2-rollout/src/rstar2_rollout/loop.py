@@ -1,8 +1,9 @@
 """The agent loop: generate a turn, run its tool call in the sandbox, append the result, repeat.
 
-`run_agent` produces one `Trajectory` for one problem; `Rollout` runs many at once on one event
-loop. Everything is asyncio: while one trajectory waits on its tool call (or on the engine), the
-others keep generating, and there is no per-turn barrier between trajectories.
+`run_agent` produces one `Trajectory` for one problem; many run at once on one event loop (the
+rollout worker's scheduler places them, `collect` grades them). Everything is asyncio: while one
+trajectory waits on its tool call (or on the engine), the others keep generating, and there is
+no per-turn barrier between trajectories.
 
 Token in, token out: the prompt is encoded once; each turn sends `prompt_ids + response_ids` to
 the engine and appends exactly the ids it sampled (mask 1, with their logprobs); template pieces
@@ -28,11 +29,9 @@ grading answers (rstar2-verify).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -251,49 +250,3 @@ async def _run_calls(
         traj.record(record)
         outputs.append(text)
     return outputs
-
-
-class Rollout:
-    """Runs many trajectories concurrently on one engine and one sandbox."""
-
-    def __init__(
-        self, engine: Engine, sandbox: Sandbox, tokenizer: Tokenizer, config: RolloutConfig
-    ) -> None:
-        self.engine = engine
-        self.sandbox = sandbox
-        self.format = ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
-        self.config = config
-        self._ids = itertools.count()
-        self._slots = asyncio.Semaphore(config.max_concurrency)
-
-    async def run_one(self, problem: ProblemLike, sample_index: int = 0) -> Trajectory:
-        async with self._slots:
-            rid = f"{problem.id}/{sample_index}/{next(self._ids)}"
-            return await run_agent(
-                self.engine,
-                self.sandbox,
-                self.format,
-                problem,
-                self.config,
-                sample_index=sample_index,
-                request_id=rid,
-            )
-
-    async def run(self, problems: Sequence[ProblemLike], n: int | None = None) -> list[Trajectory]:
-        """`n` trajectories per problem (default `config.n`), grouped by problem in order."""
-        k = self.config.n if n is None else n
-        jobs = [self.run_one(p, i) for p in problems for i in range(k)]
-        return list(await asyncio.gather(*jobs))
-
-    async def stream(
-        self, problems: Sequence[ProblemLike], n: int | None = None
-    ) -> AsyncIterator[Trajectory]:
-        """Trajectories in the order they finish."""
-        k = self.config.n if n is None else n
-        tasks = [asyncio.ensure_future(self.run_one(p, i)) for p in problems for i in range(k)]
-        try:
-            for next_done in asyncio.as_completed(tasks):
-                yield await next_done
-        finally:
-            for task in tasks:
-                task.cancel()

@@ -30,7 +30,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rstar2_rollout.chat import ChatFormat, Tokenizer, system_prompt
-from rstar2_rollout.config import RolloutConfig, WorkerConfig
+from rstar2_rollout.config import (
+    LeastRequestsPolicy,
+    RolloutConfig,
+    SchedulerConfig,
+    WorkerConfig,
+)
 from rstar2_rollout.engine import Engine
 from rstar2_rollout.loop import Problem, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, Scheduler
@@ -142,6 +147,19 @@ def agent_producer(
         return await run_agent(engine, sandbox, fmt, problem, config, sample_index=index)
 
     return produce, lambda problem: len(fmt.prompt_ids(problem.question))
+
+
+def one_engine_worker(
+    engine: Engine, sandbox: Sandbox, tokenizer: Tokenizer, config: RolloutConfig
+) -> RolloutWorker:
+    """A worker over one engine running the agent loop, `config.max_concurrency` samples at once
+    (an evaluation's, a label check's); the caller closes `worker.scheduler`."""
+    produce, prompt_tokens = agent_producer(sandbox, tokenizer, config)
+    policy = LeastRequestsPolicy(max_running_per_engine=config.max_concurrency)
+    scheduler: Scheduler[Trajectory] = Scheduler([engine], SchedulerConfig(policy=policy))
+    return RolloutWorker(
+        scheduler, produce, prompt_tokens, system_prompt_style=config.system_prompt
+    )
 
 
 class InvalidRolloutRequest(ValueError):

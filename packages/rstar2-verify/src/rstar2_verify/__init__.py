@@ -5,18 +5,21 @@ from rstar2_verify.extract import Extraction, extract_answer
 from rstar2_verify.grader import Grade, Grader, agrade, agrade_many, grade, grade_many
 from rstar2_verify.reward import (
     CORRECT_THRESHOLD,
-    RewardConfig,
+    RewardRule,
     graded_text,
     is_correct,
     reward_of,
 )
+from rstar2_verify.scorer import Scorer, Verifier
 
 __all__ = [
     "CORRECT_THRESHOLD",
     "Extraction",
     "Grade",
     "Grader",
-    "RewardConfig",
+    "RewardRule",
+    "Scorer",
+    "Verifier",
     "VerifyConfig",
     "agrade",
     "agrade_many",

@@ -5,12 +5,16 @@
 `health` returns whether the server reports SERVING. `token` is sent with every call (a server
 started with `--token-file` answers UNAUTHENTICATED without it); `root_certificates` (PEM) turns
 on TLS. It does not retry.
+
+`VerifyPool` grades over several servers (a cluster's nodes): each call goes to the one with the
+fewest outstanding calls and fails over to the next when one is UNAVAILABLE.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rstar2_proto.auth import open_channel
@@ -18,7 +22,7 @@ from rstar2_proto.verify.v1 import verify_pb2, verify_pb2_grpc
 from rstar2_verify._wire import grade_from_proto, request_to_proto
 from rstar2_verify.grader import Grade
 
-__all__ = ["VerifyClient"]
+__all__ = ["VerifyClient", "VerifyPool"]
 
 
 class VerifyClient:
@@ -77,3 +81,30 @@ class VerifyClient:
             )
             grades.extend(grade_from_proto(g) for g in reply.grades)
         return grades
+
+
+class VerifyPool:
+    """Grades over many verify servers: least outstanding first, fail over when one is down."""
+
+    def __init__(self, addresses: Sequence[str], token: str | None = None) -> None:
+        if not addresses:
+            raise ValueError("VerifyPool needs at least one address")
+        self._clients = [VerifyClient(a, token=token) for a in addresses]
+        self._outstanding = [0] * len(self._clients)
+
+    async def grade_many(self, pairs: Sequence[tuple[str, str]]) -> list[Grade]:
+        order = sorted(range(len(self._clients)), key=lambda i: self._outstanding[i])
+        for k, i in enumerate(order):
+            self._outstanding[i] += 1
+            try:
+                return await self._clients[i].grade_many(pairs)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or k == len(order) - 1:
+                    raise
+            finally:
+                self._outstanding[i] -= 1
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.close()

@@ -10,15 +10,16 @@ counts as correct. The trainer, the evaluator and every statistic use these and 
   even when it wrote a right answer before the budget ran out.
 - `is_correct(reward)`: the one threshold (`CORRECT_THRESHOLD`, a reward above it is a positive).
 
+The settings are data of the sampling protocol (`rstar2_rollout.RewardConfig`, a pydantic model);
+this package reads them through the `RewardRule` Protocol and imports no sibling for them.
+
 Not covered: grading itself (`grader.py`) and any shaped reward (the paper's reward is the
 answer's correctness alone; tool errors and format act through Resample-on-Correct instead).
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal, Protocol
 
 from rstar2_verify.grader import Grade
 
@@ -26,7 +27,7 @@ __all__ = [
     "CORRECT",
     "CORRECT_THRESHOLD",
     "WRONG",
-    "RewardConfig",
+    "RewardRule",
     "graded_text",
     "is_correct",
     "reward_of",
@@ -39,31 +40,24 @@ CORRECT_THRESHOLD = 0.5  # a reward above this is a positive (a correct trajecto
 TRUNCATED = "max_length"  # the agent loop's finish reason when the token budget ran out
 
 
-class RewardConfig(BaseModel):
-    """What is graded and how a grade becomes the reward."""
+class RewardRule(Protocol):
+    """The reward settings the rule reads (rstar2-rollout's `RewardConfig` is one)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    @property
+    def graded(self) -> Literal["answer_block", "response"]: ...
 
-    graded: Literal["answer_block", "response"] = Field(
-        default="answer_block",
-        description="answer_block: only the final <answer> block (training); "
-        "response: the whole response with fallback extraction (free-form evaluation).",
-    )
-    truncated: Literal["zero", "graded"] = Field(
-        default="zero",
-        description="zero: a trajectory cut by the token budget gets 0 (the paper); "
-        "graded: it is graded like any other.",
-    )
+    @property
+    def truncated(self) -> Literal["zero", "graded"]: ...
 
 
-def graded_text(config: RewardConfig, *, response: str, final_answer: str | None) -> str:
+def graded_text(config: RewardRule, *, response: str, final_answer: str | None) -> str:
     """The text to grade: the `<answer>` block (empty when there is none) or the response."""
     if config.graded == "response":
         return response
     return f"<answer>{final_answer}</answer>" if final_answer else ""
 
 
-def reward_of(grade: Grade | None, finish_reason: str | None, config: RewardConfig) -> float:
+def reward_of(grade: Grade | None, finish_reason: str | None, config: RewardRule) -> float:
     """1.0 when `grade` is correct and the trajectory counts, else 0.0 (`grade` None: ungraded)."""
     if finish_reason == TRUNCATED and config.truncated == "zero":
         return WRONG

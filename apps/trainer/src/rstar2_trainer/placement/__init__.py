@@ -6,5 +6,5 @@ places engines, servers and training ranks on a Ray cluster (`cluster_check` val
 before a run starts). `servers` starts and authenticates the child services; `engine_actor`
 is the Ray actor around an rstar2-rollout engine; `config` holds the schemas of the recipe's
 `cluster:` and `remote:` sections. The loop sees only a `TrajectorySource`
-(`rstar2_trainer.collect`) and the services' clients.
+(`rstar2_rollout.collect`) and the services' clients.
 """

@@ -6,7 +6,7 @@ The tool runs where `tool` says (rstar2-sandbox's backend union: a child `rstar2
 on loopback by default, reached over gRPC exactly as on a cluster; running servers; an in-process
 pool; a SandboxFusion endpoint), opened by the sandbox package's `open_sandbox`. The verify
 server runs as a child process too; `mode=address` connects to a running one, `mode=local`
-grades in-process. Trajectories come from one `collect.TrajectorySource`: an in-process
+grades in-process. Trajectories come from one `rstar2_rollout.TrajectorySource`: an in-process
 `RolloutWorker` (the rollout package's scheduler and agent loop over local engines), or, with a
 `remote` section, the `rstar2-rollout serve` workers (`remote.RemoteWorkers`; no local engine
 or sandbox).
@@ -26,6 +26,7 @@ from rstar2_rollout import (
     ChatFormat,
     Engine,
     RolloutWorker,
+    TrajectorySource,
     WorkerConfig,
     build_engine,
     system_prompt,
@@ -33,7 +34,6 @@ from rstar2_rollout import (
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.worker import agent_producer
 from rstar2_sandbox import Sandbox, open_sandbox
-from rstar2_trainer.collect import TrajectorySource
 from rstar2_trainer.config import (
     ConfigError,
     PretrainedModelConfig,
@@ -45,7 +45,7 @@ from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.remote import RemoteWorkers
 from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
-from rstar2_trainer.verifier import Scorer, Verifier
+from rstar2_verify import Scorer, Verifier
 
 
 @dataclass

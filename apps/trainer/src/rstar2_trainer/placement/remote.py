@@ -5,7 +5,7 @@
       problems, as each worker has room    -->    trajectories streamed back as they finish
       new weights after each update (safetensors pieces) --> loaded into every engine in place
 
-- `RemoteWorkers` is a `collect.TrajectorySource`, like the in-process `RolloutWorker`. Problems
+- `RemoteWorkers` is a `rstar2_rollout.TrajectorySource`, like the in-process `RolloutWorker`. Problems
   are dispatched dynamically: one shared queue, each worker keeps `in_flight_per_engine` problems
   per healthy engine running (a problem's n samples stay on one worker, so its prefix is cached
   there) and takes the next one as soon as one finishes. A fast node therefore takes more of the

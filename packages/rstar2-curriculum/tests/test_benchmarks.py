@@ -5,8 +5,13 @@ import json
 
 import pytest
 
-from rstar2_evaluator.benchmarks import BENCHMARKS, BenchmarkError, load_benchmark
-from rstar2_evaluator.config import BenchmarkConfig
+from rstar2_curriculum import (
+    BENCHMARKS,
+    BenchmarkConfig,
+    BenchmarkError,
+    load_benchmark,
+    load_benchmark_file,
+)
 
 
 def _jsonl(path, rows):
@@ -102,3 +107,20 @@ def test_offline_hub_is_one_line_that_suggests_a_local_copy(monkeypatch):
     message = str(error.value)
     assert message.startswith("cannot load hmmt_feb25") and "--data FILE.jsonl" in message
     assert "\n" not in message
+
+
+def test_a_benchmark_file_loads_whole_from_jsonl_or_parquet_or_not_at_all(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "b.parquet")
+    assert [p.answer for p in load_benchmark_file(tmp_path / "b.parquet")] == ["2", "4"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"question": "3+3?"}) + "\n")
+    with pytest.raises(BenchmarkError, match="1 of 2 rows unusable"):
+        load_benchmark_file(bad)
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text("".join(json.dumps({**r, "id": "7"}) + "\n" for r in rows))
+    with pytest.raises(BenchmarkError, match="problem id '7' appears twice"):
+        load_benchmark_file(twice)

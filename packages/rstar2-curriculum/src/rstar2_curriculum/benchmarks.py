@@ -1,11 +1,12 @@
-"""The benchmark registry and loading: a name (or a JSONL path) to a list of `Problem`s.
+"""The benchmark registry and the one strict loader of evaluation problems.
 
-Named benchmarks (the paper's table 3) load with the `datasets` library where the machine is
-online; `data=FILE.jsonl` loads a local copy instead. Any other JSONL works with question and
-answer fields (names configurable). Loading is strict, because a silently smaller benchmark is
-a wrong number: a row without the needed fields, or two problems with one id, is an error that
-names the fix. Reading rows is rstar2-curriculum's job (`load_jsonl`, `load_hf`); this module
-knows only which data set each name means and what its fields are called.
+`load_benchmark(BenchmarkConfig)` (rstar2-eval) turns a name or a path into `Problem`s;
+`load_benchmark_file(path)` (rstar2-train's `eval.sources`) reads one file. Named benchmarks (the
+paper's table 3) load with the `datasets` library where the machine is online; `data=FILE.jsonl`
+loads a local copy instead. Any JSONL or Parquet file works with question and answer fields
+(names configurable). Loading is strict, because a silently smaller benchmark is a wrong
+number: a row without the needed fields, an empty file or two problems with one id is a
+`BenchmarkError` (a `DataError`) whose message is one line that names the fix.
 
 Not covered: cleaning or decontamination (evaluation data is taken as published).
 """
@@ -16,19 +17,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rstar2_curriculum import (
-    DataError,
-    FieldMap,
-    HFSource,
-    LoadResult,
-    Problem,
-    load_hf,
-    load_jsonl,
-)
-from rstar2_evaluator.config import BenchmarkConfig
+from rstar2_curriculum.config import BenchmarkConfig, FieldMap, HFSource
+from rstar2_curriculum.load import LoadResult, load_hf, load_jsonl, load_parquet
+from rstar2_curriculum.problem import Problem
+from rstar2_curriculum.rows import DataError
+
+__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkError", "load_benchmark", "load_benchmark_file"]
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(DataError):
     """The problems cannot be loaded as asked; the message is one actionable line."""
 
 
@@ -109,6 +106,7 @@ def _row_keys(path: Path) -> str:
 
 
 def _strict(result: LoadResult, where: str, path: Path | None, fields: FieldMap) -> list[Problem]:
+    """The loaded problems, or a BenchmarkError when any row was unusable or none was there."""
     report = result.report
     if report.skipped:
         reason, count = max(report.skipped.items(), key=lambda kv: kv[1])
@@ -127,11 +125,26 @@ def _strict(result: LoadResult, where: str, path: Path | None, fields: FieldMap)
     return result.problems
 
 
+def _unique(problems: list[Problem], where: str) -> list[Problem]:
+    seen: set[str] = set()
+    for problem in problems:
+        if problem.id in seen:
+            raise BenchmarkError(
+                f"{where}: problem id {problem.id!r} appears twice; ids must be unique "
+                "(name another field with benchmark.id_field=...)"
+            )
+        seen.add(problem.id)
+    return problems
+
+
 def _load_file(path: Path, fields: FieldMap, source: str) -> list[Problem]:
-    if path.suffix != ".jsonl":
-        raise BenchmarkError(f"{path}: expected a .jsonl file (one JSON object per line)")
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise BenchmarkError(
+            f"{path}: expected a .jsonl file (one JSON object per line) or a .parquet file"
+        )
+    load = load_parquet if path.suffix == ".parquet" else load_jsonl
     try:
-        result = load_jsonl(path, fields, source)
+        result = load(path, fields, source)
     except DataError as error:
         hint = ""
         if "no row has the field" in str(error):
@@ -161,6 +174,11 @@ def _load_hub(bench: Benchmark, fields: FieldMap) -> list[Problem]:
     return problems
 
 
+def load_benchmark_file(path: str | Path, fields: FieldMap = _PLAIN) -> list[Problem]:
+    """Every problem of one JSONL or Parquet file, ids unique (BenchmarkError otherwise)."""
+    return _unique(_load_file(Path(path), fields, Path(path).stem), str(path))
+
+
 def load_benchmark(config: BenchmarkConfig) -> list[Problem]:
     """The problems a benchmark config names, in order, ids unique."""
     bench = BENCHMARKS.get(config.name)
@@ -171,7 +189,7 @@ def load_benchmark(config: BenchmarkConfig) -> list[Problem]:
             problems = _load_file(Path(config.data), fields, bench.name)
         else:
             problems = _load_hub(bench, fields)
-    elif path.suffix == ".jsonl" or path.exists():
+    elif path.suffix in (".jsonl", ".parquet") or path.exists():
         if config.data:
             raise BenchmarkError(f"--data is for named benchmarks; {config.name} is a file already")
         problems = _load_file(path, _fields(_PLAIN, config), path.stem)
@@ -180,12 +198,5 @@ def load_benchmark(config: BenchmarkConfig) -> list[Problem]:
             f"unknown benchmark {config.name!r}: choose one of {', '.join(BENCHMARKS)}, "
             "or give a .jsonl file with question and answer fields"
         )
-    seen: set[str] = set()
-    for problem in problems:
-        if problem.id in seen:
-            raise BenchmarkError(
-                f"{config.name}: problem id {problem.id!r} appears twice; ids must be unique "
-                "(name another field with benchmark.id_field=...)"
-            )
-        seen.add(problem.id)
+    problems = _unique(problems, config.name)
     return problems[: config.limit] if config.limit else problems
