@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'shape':<22} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7} {'s':>6}")
         for shape in SHAPES:
             t0 = time.perf_counter()
-            m = measure(shape)
+            m = measure(shape, timeout_s=1800)
             b = peak_bytes(probe_setup(shape))
             err = b.training / m["measured_bytes"] - 1
             seconds = time.perf_counter() - t0
@@ -165,14 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(
         f"\n{'setup':<36} {'device GiB':>10} {'train GiB':>9} {'rollout GiB':>11} "
-        f"{'peak GiB':>8} fits  recipe"
+        f"{'peak GiB':>8} {'host GiB':>8} fits  recipe"
     )
     for name, setup, device, recipe in setups():
         b = peak_bytes(setup, device)
         ok = b.peak <= device
         print(
             f"{name:<36} {device / GIB:>10.1f} {b.training / GIB:>9.1f} {b.rollout / GIB:>11.1f} "
-            f"{b.peak / GIB:>8.1f} {'yes' if ok else 'NO ':<5} {recipe['recipe']}"
+            f"{b.peak / GIB:>8.1f} {b.host / GIB:>8.1f} {'yes' if ok else 'NO ':<5} "
+            f"{recipe['recipe']}"
         )
         rows.append(
             {
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 "fits": ok,
                 "training_gib": b.training / GIB,
                 "rollout_gib": b.rollout / GIB,
+                "host_gib_per_device": b.host / GIB,
                 "recipe": recipe,
                 "setup": setup.model_dump(),
                 "training_terms_gib": {k: v / GIB for k, v in b.training_terms.items()},

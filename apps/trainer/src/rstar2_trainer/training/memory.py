@@ -36,7 +36,8 @@ What the terms model (training phase, a step's backward peak):
   (an assumption, not measured here; zero for the CPU validation).
 Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
 or gpu_memory_utilization x device minus the weights), an activation/graph reserve, and, with
-offload off, the training state that stays on the device.
+offload off, the training state that stays on the device. `host`: the host RAM a colocated
+device's offloads take (sleeping engine weights at level 1, or the offloaded training state).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class Setup(BaseModel):
     placement: Literal["colocated", "split"] = "colocated"
     offload: bool | None = Field(default=None, description="None: on when colocated.")
     engine_tp: int = Field(default=1, gt=0, description="GPUs of one engine (tensor parallel).")
+    sleep_level: Literal[1, 2] = Field(default=1, description="1: engine weights to host RAM.")
     kv_bytes: int | None = Field(default=None, ge=0, description="Explicit KV cache per GPU.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     engine_reserve_bytes: int = Field(default=2 * GIB, ge=0, description="Engine activations.")
@@ -138,6 +140,7 @@ class Breakdown(BaseModel):
     training: int
     rollout: int
     peak: int
+    host: int  # host RAM this device's offloads take at their largest (colocated only)
 
     def largest(self, n: int = 3) -> list[tuple[str, int]]:
         terms = {**self.training_terms} if self.training >= self.rollout else self.rollout_terms
@@ -214,12 +217,18 @@ def peak_bytes(s: Setup, device_bytes: int | None = None) -> Breakdown:
     if s.placement == "split":  # engines on GPUs of their own; nothing of training there
         roll["training_state"] = 0
     t, r = sum(train.values()), sum(roll.values())
+    host = 0
+    if s.placement == "colocated":
+        asleep = roll["engine_weights"] if s.sleep_level == 1 else 0  # while the ranks train
+        offloaded = 16 * s.model.params // s.world_size if s.offloading else 0  # while rolling out
+        host = max(asleep, offloaded)
     return Breakdown(
         training_terms=train,
         rollout_terms=roll,
         training=t,
         rollout=r,
         peak=max(t, r),
+        host=host,
     )
 
 
