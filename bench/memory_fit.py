@@ -28,62 +28,30 @@ from rstar2_trainer.training.memory_probe import ProbeShape, measure, probe_setu
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "apps" / "trainer" / "configs"
 
+# fmt: off
+ROWS = [224, 200, 224, 210]  # unequal lengths: padded micro-batches, as in a run
 SHAPES = [
     ProbeShape(
-        name="v8k-h256-l4",
-        vocab=8192,
-        hidden=256,
-        intermediate=768,
-        layers=4,
-        heads=4,
-        kv_heads=2,
-        head_dim=64,
-        prompt_tokens=64,
-        response_lengths=[448, 420, 448, 400],
+        name="v8k-h256-l4", vocab=8192, hidden=256, intermediate=768, layers=4, heads=4,
+        kv_heads=2, head_dim=64, prompt_tokens=64, response_lengths=[448, 420, 448, 400],
         micro_batch_tokens=1024,
     ),
     ProbeShape(
-        name="v152k-h128-l2",
-        vocab=151936,
-        hidden=128,
-        intermediate=384,
-        layers=2,
-        heads=2,
-        kv_heads=1,
-        head_dim=64,
-        prompt_tokens=32,
-        response_lengths=[224, 200, 224, 210],
-        micro_batch_tokens=512,
+        name="v152k-h128-l2", vocab=151936, hidden=128, intermediate=384, layers=2, heads=2,
+        kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
     ),
     ProbeShape(
-        name="v32k-h512-l4-ckpt",
-        vocab=32768,
-        hidden=512,
-        intermediate=1536,
-        layers=4,
-        heads=8,
-        kv_heads=2,
-        head_dim=64,
-        prompt_tokens=64,
-        response_lengths=[960, 900, 960, 940],
-        micro_batch_tokens=2048,
+        name="v4k-h192-l3-ckpt", vocab=4096, hidden=192, intermediate=512, layers=3, heads=3,
+        kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
         checkpointing=True,
     ),
     ProbeShape(
-        name="v32k-h256-l2-bf16",
-        vocab=32768,
-        hidden=256,
-        intermediate=768,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        head_dim=64,
-        prompt_tokens=32,
-        response_lengths=[224, 200, 224, 210],
-        micro_batch_tokens=512,
+        name="v8k-h128-l2-bf16", vocab=8192, hidden=128, intermediate=384, layers=2, heads=2,
+        kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
         param_dtype="bfloat16",
     ),
 ]
+# fmt: on
 
 QWEN3_14B = ModelShape(
     layers=40, hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936
