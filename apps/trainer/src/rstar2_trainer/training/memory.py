@@ -1,0 +1,282 @@
+"""Per-device peak memory of a training setup: a model of what the trainer's code allocates.
+
+Letters: P parameters, W ranks sharing them (FSDP2), c bytes of the compute dtype (2: bf16),
+h hidden, i intermediate, q = heads x head_dim, k = kv_heads x head_dim, V vocabulary,
+L padded row length, R rows of a micro-batch, M = R x L tokens of a micro-batch, N scored
+(response) tokens of a micro-batch, C tokens of a loss chunk.
+
+Contract
+- `Setup` describes one device's share of a run; `peak_bytes(setup)` returns a `Breakdown` whose
+  terms are named after what holds the memory, with `training` and `rollout` phase totals and the
+  `peak` (colocated: the larger phase; split: the training rank, whose GPU is the tighter one, and
+  the engine GPU separately as `rollout`). `fits(setup, device_bytes)` compares the peak.
+- `setup_from_config(config, model_config)` builds the `Setup` of a `TrainerConfig` and a Hugging
+  Face `config.json` dict; `check_fits(...)` raises `ValueError` with one line naming the peak,
+  the device and the largest terms when a recipe does not fit.
+- Pure arithmetic: no torch. Validated on CPU against `memory_probe` (bench/memory_fit.py).
+
+What the terms model (training phase, a step's backward peak):
+- `master`, `grads`, `adam`: 4 + 4 + 8 bytes a parameter, over W ranks (fp32 master weights,
+  fp32 gradients kept across micro-batches, AdamW's two moments).
+- `root_params`: FSDP2's root (embeddings, final norm, head) stays unsharded in c bytes from
+  forward to backward (`reshard_after_forward=False` in `distributed.shard_model`);
+  `block_params`: two blocks unsharded at a time (the running one and the prefetched one), with
+  their unsharded gradients (c) and fp32 reduce-scatter buffers in backward.
+- `activations`: without checkpointing every block keeps, a token, 8h + 4ch (two RMSNorms: an
+  fp32 copy and two c-byte outputs each), 4q + 2cq and 4k + 2ck (q/k norms), ck (v), 2c(q + k)
+  (RoPE's rotate_half and outputs), 2cq (attention output and its contiguous copy), 2cq more when
+  the batch is padded (`repeat_kv` copies k and v for SDPA with a mask) and 4ci (the SwiGLU MLP).
+  With checkpointing a block keeps only its input (ch a token) and one block is recomputed in
+  backward. Plus the padded batch's boolean attention mask (R x L x L bytes), the final norm and
+  the backward's working gradients of one block (c x (3i + 2h) a token).
+- `loss`: the chunked fused head (`head_logprobs`): c x h + 24 bytes a scored token kept for
+  backward, and while the first chunk's backward runs 12 x C x V bytes of chunk logits plus the
+  head's fp32 gradient accumulator and one c-byte [V, h] product.
+- `overhead`: the framework: CUDA/HIP context, NCCL/RCCL buffers, the caching allocator's slack
+  (an assumption, not measured here; zero for the CPU validation).
+Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
+or gpu_memory_utilization x device minus the weights), an activation/graph reserve, and, with
+offload off, the training state that stays on the device. `host`: the host RAM a colocated
+device's offloads take (sleeping engine weights at level 1, or the offloaded training state).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GIB = 1 << 30
+
+
+class ModelShape(BaseModel):
+    """A Qwen3/Llama-style decoder: the sizes that decide its memory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    intermediate: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    tied: bool = Field(default=False, description="Input embeddings shared with the head.")
+    qk_norm: bool = Field(default=True, description="Per-head RMSNorm on q and k (Qwen3).")
+
+    @property
+    def block_params(self) -> int:
+        h, q, k = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = h * q + 2 * h * k + q * h + (2 * self.head_dim if self.qk_norm else 0)
+        return attn + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def root_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + self.root_params
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> ModelShape:
+        """From a Hugging Face `config.json` dict (Qwen3, Qwen2, Llama keys)."""
+        h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return cls(
+            layers=int(config["num_hidden_layers"]),
+            hidden=h,
+            intermediate=int(config["intermediate_size"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or h // heads),
+            vocab=int(config["vocab_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=str(config.get("model_type", "qwen3")).startswith("qwen3"),
+        )
+
+
+class Setup(BaseModel):
+    """One device's share of a run: the model, the training step and the rollout engine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelShape
+    world_size: int = Field(default=1, gt=0, description="FSDP2 ranks sharing the state.")
+    compute_bytes: Literal[2, 4] = Field(default=2, description="bf16: 2, fp32: 4.")
+    checkpointing: bool = True
+    micro_batch_tokens: int = Field(default=32768, gt=0, description="The token budget.")
+    row_tokens: int = Field(gt=0, description="Prompt + response tokens of the longest row.")
+    response_tokens: int = Field(gt=0, description="Scored tokens of a row.")
+    padded: bool = Field(default=True, description="Rows of unequal length: a 4-D mask.")
+    loss_chunk_tokens: int = Field(default=1024, gt=0, description="head_logprobs' chunk.")
+    placement: Literal["colocated", "split"] = "colocated"
+    offload: bool | None = Field(default=None, description="None: on when colocated.")
+    engine_tp: int = Field(default=1, gt=0, description="GPUs of one engine (tensor parallel).")
+    sleep_level: Literal[1, 2] = Field(default=1, description="1: engine weights to host RAM.")
+    kv_bytes: int | None = Field(default=None, ge=0, description="Explicit KV cache per GPU.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    engine_reserve_bytes: int = Field(default=2 * GIB, ge=0, description="Engine activations.")
+    overhead_bytes: int = Field(default=3 * GIB, ge=0, description="Context, NCCL, slack.")
+
+    @property
+    def rows(self) -> int:
+        """Rows a micro-batch holds (`batching.token_budget_chunks`: at least one)."""
+        return max(1, self.micro_batch_tokens // self.row_tokens)
+
+    @property
+    def offloading(self) -> bool:
+        return self.placement == "colocated" if self.offload is None else self.offload
+
+
+class Breakdown(BaseModel):
+    """Named terms in bytes, the two phases and the device's peak."""
+
+    model_config = ConfigDict(frozen=True)
+
+    training_terms: dict[str, int]
+    rollout_terms: dict[str, int]
+    training: int
+    rollout: int
+    peak: int
+    host: int  # host RAM this device's offloads take at their largest (colocated only)
+
+    def largest(self, n: int = 3) -> list[tuple[str, int]]:
+        terms = {**self.training_terms} if self.training >= self.rollout else self.rollout_terms
+        return sorted(terms.items(), key=lambda kv: -kv[1])[:n]
+
+
+def _layer_activation_bytes(m: ModelShape, c: int, padded: bool) -> int:
+    """Bytes a token that one block keeps for backward (see the module docstring)."""
+    h, i = m.hidden, m.intermediate
+    q, k = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    norms = 2 * (4 * h + 2 * c * h)
+    qk = (4 * q + 2 * c * q + 4 * k + 2 * c * k) if m.qk_norm else c * (q + k)
+    return (
+        norms
+        + qk
+        + c * k  # v
+        + 2 * c * (q + k)  # RoPE: rotate_half copies, rotated outputs
+        + 2 * c * q  # attention output and its contiguous copy
+        + (2 * c * q if padded and m.kv_heads != m.heads else 0)  # repeat_kv for masked SDPA
+        + 4 * c * i  # gate, silu, up, product
+    )
+
+
+def training_terms(s: Setup) -> dict[str, int]:
+    m, c, w = s.model, s.compute_bytes, s.world_size
+    p = m.params
+    tokens = s.rows * s.row_tokens  # M
+    scored = s.rows * s.response_tokens  # N
+    layer = _layer_activation_bytes(m, c, s.padded)
+    if s.checkpointing:
+        acts = m.layers * tokens * c * m.hidden + tokens * layer
+    else:
+        acts = m.layers * tokens * layer
+    chunk = min(s.loss_chunk_tokens, scored)
+    head = m.vocab * m.hidden
+    return {
+        "master": math.ceil(4 * p / w),
+        "grads": math.ceil(4 * p / w),
+        "adam": math.ceil(8 * p / w),
+        "root_params": c * m.root_params,
+        "block_params": 2 * c * m.block_params + (c + 4) * m.block_params,
+        "activations": acts,
+        "attention_mask": s.rows * s.row_tokens**2 if s.padded else 0,
+        "final_norm": tokens * (4 + 2 * c) * m.hidden,
+        "block_backward": tokens * c * (3 * m.intermediate + 2 * m.hidden),
+        "loss": scored * (c * m.hidden + 24) + 12 * chunk * m.vocab + (4 + c) * head,
+        "overhead": s.overhead_bytes,
+    }
+
+
+def rollout_terms(s: Setup, device_bytes: int | None = None) -> dict[str, int]:
+    m = s.model
+    weights = math.ceil(2 * m.params / s.engine_tp)
+    if s.kv_bytes is not None:
+        kv = s.kv_bytes  # vLLM's kv_cache_memory_bytes is per GPU, whatever the TP
+    elif device_bytes is not None:  # vLLM: utilization x device, less weights and reserve
+        kv = max(0, int(s.gpu_memory_utilization * device_bytes) - weights - s.engine_reserve_bytes)
+    else:
+        raise ValueError("a KV budget needs kv_bytes or the device's memory")
+    kept = 0 if s.offloading else math.ceil(16 * m.params / s.world_size)
+    return {
+        "engine_weights": weights,
+        "kv_cache": kv,
+        "engine_reserve": s.engine_reserve_bytes,
+        "training_state": kept,
+        "overhead": s.overhead_bytes,
+    }
+
+
+def peak_bytes(s: Setup, device_bytes: int | None = None) -> Breakdown:
+    """The device's peak (see the module docstring); `device_bytes` sizes a utilization KV."""
+    train = training_terms(s)
+    roll = rollout_terms(s, device_bytes)
+    if s.placement == "split":  # engines on GPUs of their own; nothing of training there
+        roll["training_state"] = 0
+    t, r = sum(train.values()), sum(roll.values())
+    host = 0
+    if s.placement == "colocated":
+        asleep = roll["engine_weights"] if s.sleep_level == 1 else 0  # while the ranks train
+        offloaded = 16 * s.model.params // s.world_size if s.offloading else 0  # while rolling out
+        host = max(asleep, offloaded)
+    return Breakdown(
+        training_terms=train,
+        rollout_terms=roll,
+        training=t,
+        rollout=r,
+        peak=max(t, r),
+        host=host,
+    )
+
+
+def fits(s: Setup, device_bytes: int) -> bool:
+    return peak_bytes(s, device_bytes).peak <= device_bytes
+
+
+def check_fits(s: Setup, device_bytes: int, *, name: str = "this recipe") -> Breakdown:
+    """The breakdown, or a ValueError in one line when the peak exceeds `device_bytes`."""
+    b = peak_bytes(s, device_bytes)
+    if b.peak > device_bytes:
+        phase = "training" if b.training >= b.rollout else "rollout"
+        top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in b.largest())
+        raise ValueError(
+            f"{name} needs {b.peak / GIB:.1f} GiB a device ({phase} phase: {top} GiB) but the "
+            f"device has {device_bytes / GIB:.1f} GiB; lower optim.micro_batch_tokens, turn on "
+            "activation checkpointing or offload, or add ranks"
+        )
+    return b
+
+
+def setup_from_config(
+    config: Any, model_config: Mapping[str, Any], *, prompt_tokens: int = 1024
+) -> Setup:
+    """The `Setup` of a `TrainerConfig` and the model folder's `config.json` dict.
+
+    Rows are `prompt_tokens` plus the longest response any curriculum stage allows. Cluster
+    fields that an older config lacks fall back to the trainer's defaults.
+    """
+    from rstar2_curriculum import StagePlan
+
+    longest = max(s.max_response_tokens for s in StagePlan.from_config(config.curriculum).stages)
+    cluster = getattr(config, "cluster", None)
+    colocate = bool(getattr(cluster, "colocate", False))
+    workers = int(getattr(cluster, "train_workers", 0) or 0)
+    engine = config.engine
+    kv = getattr(engine, "kv_cache_memory_bytes", None)
+    return Setup(
+        model=ModelShape.from_hf(model_config),
+        world_size=max(1, workers),
+        compute_bytes=2 if config.train.dtype == "bfloat16" else 4,
+        checkpointing=bool(getattr(cluster, "activation_checkpointing", False)) and workers > 0,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+        row_tokens=prompt_tokens + longest,
+        response_tokens=longest,
+        placement="colocated" if colocate or cluster is None else "split",
+        offload=getattr(cluster, "offload", None),
+        engine_tp=max(1, int(getattr(cluster, "gpus_per_engine", 1) or 1)),
+        kv_bytes=int(kv) if kv is not None else None,
+        gpu_memory_utilization=float(getattr(engine, "gpu_memory_utilization", 0.9) or 0.9),
+    )

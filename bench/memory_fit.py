@@ -1,0 +1,169 @@
+"""Does the paper's setup fit? The per-device memory model, checked on this CPU, then applied.
+
+    uv run python bench/memory_fit.py --json bench/results/memory_fit.json [--skip-validation]
+
+Validation: for each shape below a fresh process runs two real RL training steps
+(`distributed.train_step` with `update.WorkerPolicyLoss`, FSDP2 in a world of one, the chunked
+head logprobs) and reports its measured peak (`memory_probe`: VmHWM of the second step minus
+the RSS before the model was built); `memory.peak_bytes` predicts it from the shape alone
+(training phase, overhead 0). Setups: Qwen3-14B at 12K responses on 64 MI300X and on 8 H100
+80 GB with the shipped recipes' settings (micro-batch tokens, KV budget, engine TP read from
+their YAML files), colocated with offload and activation checkpointing; split placement rows for
+comparison. Those are the model's predictions, not GPU measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from rstar2_trainer.training.memory import GIB, ModelShape, Setup, peak_bytes
+from rstar2_trainer.training.memory_probe import ProbeShape, measure, probe_setup
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "apps" / "trainer" / "configs"
+
+# fmt: off
+ROWS = [224, 200, 224, 210]  # unequal lengths: padded micro-batches, as in a run
+SHAPES = [
+    ProbeShape(
+        name="v8k-h256-l4", vocab=8192, hidden=256, intermediate=768, layers=4, heads=4,
+        kv_heads=2, head_dim=64, prompt_tokens=64, response_lengths=[448, 420, 448, 400],
+        micro_batch_tokens=1024,
+    ),
+    ProbeShape(
+        name="v152k-h128-l2", vocab=151936, hidden=128, intermediate=384, layers=2, heads=2,
+        kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
+    ),
+    ProbeShape(
+        name="v4k-h192-l3-ckpt", vocab=4096, hidden=192, intermediate=512, layers=3, heads=3,
+        kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
+        checkpointing=True,
+    ),
+    ProbeShape(
+        name="v8k-h128-l2-bf16", vocab=8192, hidden=128, intermediate=384, layers=2, heads=2,
+        kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
+        param_dtype="bfloat16",
+    ),
+]
+# fmt: on
+
+QWEN3_14B = ModelShape(
+    layers=40, hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936
+)
+MI300X_BYTES = 205_822_885_888  # rocm-smi's VRAM total of one MI300X (192 GB)
+H100_BYTES = 81_559 * (1 << 20)  # nvidia-smi's total of one H100 SXM 80 GB
+PROMPT_TOKENS = 1024  # system prompt + problem: the paper's prompts are well under this
+RESPONSE_TOKENS = 12288  # the 12K stages of the `paper` curriculum plan
+
+
+def recipe_settings(name: str) -> dict:
+    """The settings the memory depends on, read from a shipped recipe's YAML."""
+    raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    cluster = raw.get("cluster", {})
+    return {
+        "recipe": name,
+        "micro_batch_tokens": int(raw["optim"]["micro_batch_tokens"]),
+        "kv_bytes": int(raw["engine"]["kv_cache_memory_bytes"]),
+        "engine_tp": max(1, int(cluster.get("gpus_per_engine", 1))),
+    }
+
+
+def setups() -> list[tuple[str, Setup, int, dict]]:
+    out = []
+    for tag, recipe, gpus, device in [
+        ("64xmi300x", "qwen3-14b-mi300x", 64, MI300X_BYTES),
+        ("8xh100", "node-8gpu", 8, H100_BYTES),
+    ]:
+        r = recipe_settings(recipe)
+        common = {
+            "model": QWEN3_14B,
+            "compute_bytes": 2,
+            "checkpointing": True,
+            "micro_batch_tokens": r["micro_batch_tokens"],
+            "row_tokens": PROMPT_TOKENS + RESPONSE_TOKENS,
+            "response_tokens": RESPONSE_TOKENS,
+            "engine_tp": r["engine_tp"],
+            "kv_bytes": r["kv_bytes"],
+        }
+        colo = Setup(world_size=gpus, placement="colocated", offload=True, **common)
+        split = Setup(world_size=gpus // 2, placement="split", **common)
+        out.append((f"qwen3-14b-12k-{tag}-colocated", colo, device, r))
+        out.append((f"qwen3-14b-12k-{tag}-split", split, device, r))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The memory model, checked on CPU and applied.")
+    parser.add_argument("--json", type=Path, default=None, help="Write the results here.")
+    parser.add_argument("--skip-validation", action="store_true", help="Model rows only.")
+    args = parser.parse_args(argv)
+
+    validation = []
+    if not args.skip_validation:
+        print(f"{'shape':<22} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7} {'s':>6}")
+        for shape in SHAPES:
+            t0 = time.perf_counter()
+            m = measure(shape, timeout_s=1800)
+            b = peak_bytes(probe_setup(shape))
+            err = b.training / m["measured_bytes"] - 1
+            seconds = time.perf_counter() - t0
+            print(
+                f"{shape.name:<22} {b.training / 2**20:>14.1f} "
+                f"{m['measured_bytes'] / 2**20:>13.1f} {err:>+7.1%} {seconds:>6.1f}",
+                flush=True,
+            )
+            validation.append(
+                {
+                    "shape": shape.name,
+                    "predicted_bytes": b.training,
+                    "measured_bytes": m["measured_bytes"],
+                    "rel_error": err,
+                    "probe": shape.model_dump(),
+                    "measured": m,
+                    "terms": b.training_terms,
+                }
+            )
+
+    rows = []
+    print(
+        f"\n{'setup':<36} {'device GiB':>10} {'train GiB':>9} {'rollout GiB':>11} "
+        f"{'peak GiB':>8} {'host GiB':>8} fits  recipe"
+    )
+    for name, setup, device, recipe in setups():
+        b = peak_bytes(setup, device)
+        ok = b.peak <= device
+        print(
+            f"{name:<36} {device / GIB:>10.1f} {b.training / GIB:>9.1f} {b.rollout / GIB:>11.1f} "
+            f"{b.peak / GIB:>8.1f} {b.host / GIB:>8.1f} {'yes' if ok else 'NO ':<5} "
+            f"{recipe['recipe']}"
+        )
+        rows.append(
+            {
+                "name": name,
+                "device_gib": device / GIB,
+                "peak_gib": b.peak / GIB,
+                "fits": ok,
+                "training_gib": b.training / GIB,
+                "rollout_gib": b.rollout / GIB,
+                "host_gib_per_device": b.host / GIB,
+                "recipe": recipe,
+                "setup": setup.model_dump(),
+                "training_terms_gib": {k: v / GIB for k, v in b.training_terms.items()},
+                "rollout_terms_gib": {k: v / GIB for k, v in b.rollout_terms.items()},
+            }
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"validation": validation, "setups": rows}, indent=2))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
