@@ -394,6 +394,34 @@ async def start_engines(
     return engines
 
 
+def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig) -> None:
+    """Refuse, in one line with the numbers, a GPU run whose per-device peak (the memory model,
+    `training/memory.py`) exceeds the GPU's memory (`cluster.device_memory_gib`, else the
+    driver's GPU); CPU runs and runs with nothing to compare against pass."""
+    import json
+
+    from rstar2_trainer.training.memory import check_fits, setup_from_config
+
+    if not (cluster.gpus_per_train_worker or cluster.gpus_per_engine):
+        return
+    device = None
+    if cluster.device_memory_gib is not None:
+        device = int(cluster.device_memory_gib * (1 << 30))
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            device = torch.cuda.get_device_properties(0).total_memory
+    config_json = model_dir / "config.json"
+    if device is None or not config_json.is_file():
+        return
+    setup = setup_from_config(config, json.loads(config_json.read_text()))
+    try:
+        check_fits(setup, device, name=config.run.name)
+    except ValueError as exc:
+        raise ClusterError(str(exc)) from None
+
+
 @contextlib.asynccontextmanager
 async def open_cluster_parts(
     config: TrainerConfig,
@@ -406,9 +434,10 @@ async def open_cluster_parts(
 
     placement: ClusterConfig = cluster or getattr(config, "cluster", None) or ClusterConfig()
     async with contextlib.AsyncExitStack() as stack:
+        model_dir = prepare_model_dir(config, run_dir, corpus)
+        check_memory(config, model_dir, placement)  # before anything starts
         if connect(placement, config.run.log_level):
             stack.callback(_ray().shutdown)
-        model_dir = prepare_model_dir(config, run_dir, corpus)
         model, tokenizer = load_policy(model_dir)
         token = RunToken.create(run_dir)
         nodes = await start_node_servers(config, placement, stack, token.value)

@@ -64,6 +64,12 @@ class ClusterConfig(BaseModel):
         description="Ranks move parameters, gradients and AdamW state to host memory while the "
         "engines roll out; None: on when colocated.",
     )
+    device_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory of one GPU; the run is refused at start when the memory model's "
+        "per-device peak exceeds it. None: read from the driver's GPU (no check without one).",
+    )
     bucket_bytes: int = Field(
         default=1 << 30,
         gt=0,

@@ -275,7 +275,7 @@ def setup_from_config(
         row_tokens=prompt_tokens + longest,
         response_tokens=longest,
         placement="colocated" if colocate or cluster is None else "split",
-        offload=getattr(cluster, "offload", None),
+        offload=getattr(cluster, "offload_train_state", None),
         engine_tp=max(1, int(getattr(cluster, "gpus_per_engine", 1) or 1)),
         kv_bytes=int(kv) if kv is not None else None,
         gpu_memory_utilization=float(getattr(engine, "gpu_memory_utilization", 0.9) or 0.9),
