@@ -10,6 +10,9 @@ on rank 0, each step's loss, grad norm and full weights to --out. The test compa
   torchrun --nproc-per-node 2 _fsdp_worker.py checkpoint --model-dir M --checkpoint ROOT --out DIR
       (a model folder trained one step, saved as the trainer's workers save it: step 1 under
       ROOT, and its full weights as DIR/trained.pt)
+  torchrun --nproc-per-node 2 _fsdp_worker.py load --model-dir M --out DIR
+      (M loaded shard by shard on the meta device: its full weights as DIR/loaded.pt and the
+      logits of `probe_ids()` as DIR/logits.pt)
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rstar2_trainer.training.distributed import (
     close_distributed,
     full_state_dict,
     init_distributed,
+    load_sharded_model,
     make_micro_batch,
     shard_model,
     train_step,
@@ -55,6 +59,10 @@ def build_model() -> torch.nn.Module:
         tie_word_embeddings=False,
     )
     return Qwen3ForCausalLM(config).float()
+
+
+def probe_ids() -> torch.Tensor:
+    return torch.tensor([[5, 17, 33, 2, 90, 41, 7, 64], [1, 2, 3, 4, 5, 6, 7, 8]])  # [2, 8]
 
 
 def build_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -128,7 +136,7 @@ def _step(model, optimizer, step: int, rank: int, world_size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "resume", "checkpoint"])
+    parser.add_argument("mode", choices=["train", "resume", "checkpoint", "load"])
     parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoint", type=Path)
@@ -145,6 +153,16 @@ def main() -> None:
             torch.save(weights, args.out / f"{name}.pt")
             record["steps"][name] = metrics
 
+    if args.mode == "load":
+        model = load_sharded_model(args.model_dir, config, world)
+        with torch.no_grad():
+            logits = model(probe_ids()).logits
+        weights = full_state_dict(model)
+        if rank == 0:
+            torch.save(weights, args.out / "loaded.pt")
+            torch.save(logits, args.out / "logits.pt")
+        close_distributed()
+        return
     if args.mode == "checkpoint":
         from transformers import AutoModelForCausalLM
 

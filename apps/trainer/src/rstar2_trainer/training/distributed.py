@@ -28,9 +28,11 @@ Contract
 - Ranks may hold different numbers of micro-batches; the shorter ones run zero-weighted repeats so
   every rank joins every FSDP collective (no hang, no gradient).
 
-Not covered: tensor or sequence parallelism, meta-device initialisation of models larger than one
-host's RAM (every rank builds the full model once before sharding), CPU offload, and checkpoints
-(see `sharded_checkpoint`).
+- `load_sharded_model(model_dir, config, world)` builds the model on the meta device, shards it
+  and fills each rank's shard from the folder's safetensors, so no process holds the whole model.
+
+Not covered: tensor or sequence parallelism, CPU offload, and checkpoints (see
+`sharded_checkpoint`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -170,6 +173,91 @@ def shard_model(model: torch.nn.Module, config: DistributedConfig, world: World)
     # backward: backward needs them first.
     fully_shard(model, mesh=world.mesh, mp_policy=policy, reshard_after_forward=False)
     return model  # now also an FSDPModule
+
+
+def load_sharded_model(model_dir: str | Path, config: DistributedConfig, world: World) -> Any:
+    """The model folder's causal LM, sharded, each rank reading only its own rows from disk.
+
+    Built on the meta device (no memory), sharded with `shard_model`, materialised empty on the
+    rank's device, then filled parameter by parameter from the folder's safetensors files: each
+    rank reads its Shard(0) rows of each tensor (`safe_open(...).get_slice`), cast to fp32, so
+    the peak host memory is about one shard plus one tensor's rows. Tied weights are one
+    parameter (filled once, from whichever of its names the files hold); non-persistent buffers
+    (the rotary `inv_freq`) are recomputed by transformers' own initialiser. Equal to
+    `from_pretrained(model_dir, dtype=float32)` then `shard_model`, tensor for tensor.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    model = shard_model(model, config, world)
+    model.to_empty(device=world.device)
+    _recompute_buffers(model)
+    files = _tensor_files(model_dir)
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    persistent = set(model.state_dict())
+    buffers = [(n, b) for n, b in model.named_buffers() if n in persistent]
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *buffers]:
+            names = aliases.get(id(tensor), [name])
+            found = next((n for n in names if n in files), None)
+            if found is None:
+                raise ValueError(f"{model_dir} holds no tensor {name!r} (its safetensors lack it)")
+            _fill(tensor, files[found], found, world)
+    model.eval()
+    return model
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file of `model_dir` that holds it."""
+    from safetensors import safe_open
+
+    paths = sorted(model_dir.glob("*.safetensors"))
+    if not paths:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
+    out: dict[str, Path] = {}
+    for path in paths:
+        with safe_open(str(path), framework="pt") as f:
+            out.update(dict.fromkeys(f.keys(), path))
+    return out
+
+
+def _fill(tensor: torch.Tensor, path: Path, name: str, world: World) -> None:
+    """This rank's part of `tensor` (a Shard(0) DTensor or a plain one) from file `path`."""
+    from safetensors import safe_open
+
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    with safe_open(str(path), framework="pt") as f:
+        part = f.get_slice(name)
+        shape = tuple(part.get_shape())
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{path.name}: {name} is {list(shape)}, the model wants "
+                             f"{list(tensor.shape)}")  # fmt: skip
+        if isinstance(tensor, DTensor) and local.shape[0] < shape[0]:
+            # FSDP2's Shard(0): torch.chunk rows, ceil(rows / world) each, the last ones shorter.
+            start = world.rank * -(-shape[0] // world.world_size)
+            rows = part[start : start + local.shape[0]] if local.shape[0] else None
+        else:
+            rows = part[:]
+        if rows is not None:
+            local.copy_(rows.to(local.dtype))
+
+
+def _recompute_buffers(model: Any) -> None:
+    """Non-persistent buffers (not in any file) from transformers' initialiser: `to_empty` left
+    them uninitialised. Modules holding one are initialised afresh; the parameters among them
+    are overwritten from the files right after."""
+    persistent = set(model.state_dict())
+    owners = {
+        name.rpartition(".")[0] for name, _ in model.named_buffers() if name not in persistent
+    }
+    with torch.no_grad():
+        for name in owners:
+            model._init_weights(model.get_submodule(name))
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 `TrainGroup.start(world_size, model_dir, config)` places `world_size` `TrainWorker` actors (one
 GPU each on GPU nodes, or CPU with gloo), gives them torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT of a free port on rank 0's node) and has each join the
-world with `distributed.init_distributed`, load the model from `model_dir` (the same weights on
-every rank), shard it with `shard_model` and make its AdamW over the shards.
+world with `distributed.init_distributed`, build the model on the meta device, shard it and fill
+each rank's shard from `model_dir`'s safetensors tensor by tensor
+(`distributed.load_sharded_model`: no rank ever holds the whole model) and make its AdamW over
+the shards.
 
 - `step(rows, loss_fn, ...)` splits the rows over the ranks by token count
   (`partition_rows`) and runs `distributed.train_step` on every rank at once; the loss and the
@@ -76,10 +78,7 @@ class TrainWorker:
         weight_decay: float = 0.0,
     ) -> None:
         """Join the world, load and shard the model, make the optimizer (collective)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from rstar2_trainer.training.distributed import init_distributed, shard_model
+        from rstar2_trainer.training.distributed import init_distributed, load_sharded_model
 
         host, port = master.rsplit(":", 1)
         os.environ.update(
@@ -90,8 +89,7 @@ class TrainWorker:
             MASTER_PORT=port,
         )
         self.world = init_distributed(config)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.model = shard_model(model, config, self.world)
+        self.model = load_sharded_model(model_dir, config, self.world)
         self.optim_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
         self.reset_optimizer()
 
