@@ -24,12 +24,15 @@ Contract
   likewise sums over the micro-batch's loss tokens, which the step reports as global means per
   loss token. `normalize_by="rows"` divides by the global number of rows instead of loss tokens
   (the sequence-level aggregations of rstar2_algos); `temperature` and `with_entropy` are passed
-  to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`).
+  to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`); `grouping`
+  picks the micro-batches (shortest first by default; SFT's `longest_first_chunks`).
 - Ranks may hold different numbers of micro-batches; the shorter ones run zero-weighted repeats so
   every rank joins every FSDP collective (no hang, no gradient).
 
 - `load_sharded_model(model_dir, config, world)` builds the model on the meta device, shards it
-  and fills each rank's shard from the folder's safetensors, so no process holds the whole model.
+  and fills each rank's shard from the folder's safetensors, so no process holds the whole model;
+  `save_safetensors(model, out)` writes the weights back as such a folder's files, gathered
+  parameter by parameter onto rank 0 and written bucket by bucket.
 
 Not covered: tensor or sequence parallelism, CPU offload, and checkpoints (see
 `sharded_checkpoint`).
@@ -37,8 +40,9 @@ Not covered: tensor or sequence parallelism, CPU offload, and checkpoints (see
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -284,6 +288,25 @@ class MicroBatch:
     entropy: torch.Tensor | None = None  # [B, T], detached; with train_step(with_entropy=True)
 
 
+# (row lengths, max padded tokens) -> row indices per micro-batch
+Grouping = Callable[[Sequence[int], int], Iterable[list[int]]]
+
+
+def longest_first_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Row indices grouped longest first, each micro-batch at most `max_tokens` padded tokens
+    (its first row the widest; a longer row alone): SFT's grouping, kept so SFT's numbers are
+    those it was measured with (`token_budget_chunks`, shortest first, is the RL step's)."""
+    out: list[list[int]] = []
+    width = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if out and (len(out[-1]) + 1) * width <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+            width = lengths[i]
+    return out
+
+
 LossOutput = torch.Tensor | tuple[torch.Tensor, Mapping[str, Any]]
 # (logp [B, T], mb) -> per-token loss [B, T] or the summed loss [], optionally with metric sums
 TokenLoss = Callable[[torch.Tensor, MicroBatch], LossOutput]
@@ -367,6 +390,7 @@ def train_step(
     normalize_by: Literal["tokens", "rows"] = "tokens",
     temperature: float = 1.0,
     with_entropy: bool = False,
+    grouping: Grouping = token_budget_chunks,
 ) -> StepResult:
     """One optimizer step on this rank's `rows`, the loss normalised across all ranks."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -376,7 +400,7 @@ def train_step(
         raise ValueError("every rank needs at least one row (see partition_rows)")
     device = device or next(model.parameters()).device
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-    chunks = [[rows[i] for i in c] for c in token_budget_chunks(lengths, micro_batch_tokens)]
+    chunks = [[rows[i] for i in c] for c in grouping(lengths, micro_batch_tokens)]
     local_tokens = float(sum(sum(r.loss_mask) for r in rows))
     total_tokens, total_rows = _all_reduce(
         [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device
@@ -463,6 +487,59 @@ def _clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> float:
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return float(norm)
+
+
+def save_safetensors(model: torch.nn.Module, out: Path, *, bucket_bytes: int = 1 << 30) -> None:
+    """The unsharded weights as a Hugging Face safetensors set in folder `out` (collective).
+
+    Every rank joins the gather of one parameter at a time; rank 0 alone keeps it, on the CPU,
+    and writes a file whenever the kept tensors reach `bucket_bytes`, so its extra memory is one
+    bucket plus one tensor. One file is `model.safetensors`; several are
+    `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`. Tied weights are
+    written once (under the first name, as `save_pretrained` does); fp32, as trained."""
+    from safetensors.torch import save_file
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    persistent = set(model.state_dict())
+    named = [
+        *model.named_parameters(),
+        *((n, b) for n, b in model.named_buffers() if n in persistent),
+    ]
+    written: list[tuple[Path, list[str]]] = []
+    bucket: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if bucket:
+            path = out / f".part-{len(written):05d}.safetensors"
+            save_file(bucket, str(path), metadata={"format": "pt"})
+            written.append((path, list(bucket)))
+        bucket, size = {}, 0
+
+    for name, tensor in named:
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if rank == 0:
+            nbytes = full.numel() * full.element_size()
+            if size and size + nbytes > bucket_bytes:
+                flush()
+            bucket[name] = full.detach().to("cpu", copy=True).contiguous()
+            size += nbytes
+            total += nbytes
+        del full
+    if rank != 0:
+        return
+    flush()
+    if len(written) == 1:
+        written[0][0].rename(out / "model.safetensors")
+        return
+    weight_map: dict[str, str] = {}
+    for i, (path, names) in enumerate(written):
+        final = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+        path.rename(out / final)
+        weight_map.update(dict.fromkeys(names, final))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:

@@ -16,10 +16,13 @@ the shards.
   list of (name, tensor): `sync_to_engines` hands that reference to every engine actor, so the
   weights go rank 0 -> object store -> engines without passing through the driver (sleeping
   engines are woken around the load as in `weight_sync.push_weights`).
-- `load_state(named_tensors)` puts full weights (e.g. the driver's after SFT) into every rank's
-  shards; `save(root, step)` / `load(path)` are the sharded checkpoint (`sharded_checkpoint`)
-  of the model and optimizer, written by all ranks together; `reset_optimizer()` starts AdamW
-  afresh (a stage switch).
+- `load_weights(path)` puts a checkpoint's weights into every rank's shards (a workers' DCP
+  folder, or a driver's `model.pt` read by rank 0 and broadcast); `export(out)` writes the full
+  weights as safetensors, gathered parameter by parameter onto rank 0 and written bucket by
+  bucket; `load_state(named_tensors)` puts given full weights into the shards. `save(root,
+  step)` / `load(path)` are the sharded checkpoint (`sharded_checkpoint`) of the model and
+  optimizer, written by all ranks together; `reset_optimizer()` starts AdamW afresh (a stage
+  switch).
 
 Each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES per actor), so its LOCAL_RANK is
 0. Not covered: learning-rate schedules (the caller sets `lr` per step), sharing GPUs with
@@ -37,13 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rstar2_trainer.sft import sft_loss as sft_loss  # the loss SFT steps send to the ranks
 from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
 from rstar2_trainer.training.weight_sync import SyncTimes, sleepers
-
-
-def sft_loss(logp: Any, mb: Any) -> Any:
-    """The SFT cross-entropy as a per-token loss: -log p of each response token."""
-    return -logp
 
 
 class TrainWorker:
@@ -157,6 +156,30 @@ class TrainWorker:
 
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, dict(named_tensors), options=options)
+
+    def load_weights(self, path: str) -> None:
+        """Weights only, from a workers' sharded checkpoint folder or a driver's `model.pt`
+        (read by rank 0 and broadcast into every rank's shards) (collective)."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
+
+        if Path(path).is_dir():
+            load_sharded(Path(path), model=self.model, optimizer=None)
+            return
+        full = torch.load(path, map_location="cpu", weights_only=True) if self.rank == 0 else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, full, options=options)
+
+    def export(self, out: str, bucket_bytes: int) -> None:
+        """The weights as safetensors in `out`, written by rank 0 (collective)."""
+        from rstar2_trainer.training.distributed import save_safetensors
+
+        save_safetensors(self.model, Path(out), bucket_bytes=bucket_bytes)
 
     def save(self, root: str, step: int, keep: int) -> str:
         from rstar2_trainer.rundir.sharded_checkpoint import save_sharded
@@ -277,6 +300,14 @@ class TrainGroup:
         """Load a sharded checkpoint (saved at any world size) into every rank; its state."""
         states = await asyncio.gather(*(a.load.remote(str(path)) for a in self.actors))
         return states[0]
+
+    async def load_weights(self, path: Path) -> None:
+        """Weights (a workers' checkpoint folder, or a driver's `model.pt`) into every rank."""
+        await asyncio.gather(*(a.load_weights.remote(str(path)) for a in self.actors))
+
+    async def export(self, out: Path, *, bucket_bytes: int = 1 << 30) -> None:
+        """The full weights as safetensors files in `out` (rank 0 writes; no driver copy)."""
+        await asyncio.gather(*(a.export.remote(str(out), bucket_bytes) for a in self.actors))
 
     async def full_state(self) -> list[tuple[str, Any]]:
         """The full weights, fetched into this process (for export)."""
