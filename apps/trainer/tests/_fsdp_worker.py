@@ -11,8 +11,10 @@ on rank 0, each step's loss, grad norm and full weights to --out. The test compa
       (a model folder trained one step, saved as the trainer's workers save it: step 1 under
       ROOT, and its full weights as DIR/trained.pt)
   torchrun --nproc-per-node 2 _fsdp_worker.py load --model-dir M --out DIR
-      (M loaded shard by shard on the meta device: its full weights as DIR/loaded.pt and the
-      logits of `probe_ids()` as DIR/logits.pt)
+      (M loaded shard by shard on the meta device: its full weights as DIR/loaded.pt, the
+      logits of `probe_ids()` as DIR/logits.pt, the weights written back by rank 0 as
+      safetensors into DIR/export in buckets of 4 KB, and, after loading M/model.pt (rank 0
+      reads it, all get their shards), the full weights as DIR/from_pt.pt)
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from rstar2_trainer.training.distributed import (
     close_distributed,
     full_state_dict,
     init_distributed,
+    load_full_weights,
     load_sharded_model,
     make_micro_batch,
+    save_safetensors,
     shard_model,
     train_step,
 )
@@ -161,6 +165,13 @@ def main() -> None:
         if rank == 0:
             torch.save(weights, args.out / "loaded.pt")
             torch.save(logits, args.out / "logits.pt")
+            (args.out / "export").mkdir()
+        torch.distributed.barrier()
+        save_safetensors(model, args.out / "export", bucket_bytes=4096)
+        load_full_weights(model, args.model_dir / "model.pt")
+        weights = full_state_dict(model)
+        if rank == 0:
+            torch.save(weights, args.out / "from_pt.pt")
         close_distributed()
         return
     if args.mode == "checkpoint":

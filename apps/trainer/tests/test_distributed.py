@@ -202,6 +202,9 @@ def test_two_ranks_load_the_folder_shard_by_shard_as_from_pretrained_does(
     model_dir = tmp_path / "model"
     Qwen3ForCausalLM(config).save_pretrained(model_dir, max_shard_size="20KB")
     assert len(list(model_dir.glob("*.safetensors"))) > 1  # several files, read tensor by tensor
+    torch.manual_seed(8)
+    other = Qwen3ForCausalLM(config).state_dict()  # a driver's model.pt of other weights
+    torch.save(other, model_dir / "model.pt")
     out = tmp_path / "out"
     out.mkdir()
     _launch(["load", "--model-dir", str(model_dir), "--out", str(out)], nproc=2)
@@ -213,6 +216,17 @@ def test_two_ranks_load_the_folder_shard_by_shard_as_from_pretrained_does(
     with torch.no_grad():  # the rotary inv_freq was recomputed, not left uninitialised
         logits = want(worker.probe_ids()).logits
     torch.testing.assert_close(torch.load(out / "logits.pt"), logits, atol=1e-6, rtol=1e-5)
+    # Written back by rank 0 in 4 KB buckets: several files that transformers loads as they were.
+    export = out / "export"
+    assert len(list(export.glob("model-*-of-*.safetensors"))) > 1
+    (export / "config.json").write_text((model_dir / "config.json").read_text())
+    again = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).state_dict()
+    for name, tensor in want.state_dict().items():
+        assert torch.equal(again[name], tensor), name
+    # A driver's model.pt, read by rank 0 and broadcast into the shards.
+    from_pt = torch.load(out / "from_pt.pt")
+    for name, tensor in other.items():
+        assert torch.equal(from_pt[name], tensor), name
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ class ClusterConfig(BaseModel):
     )
     train_threads: int = Field(default=1, gt=0, description="torch threads of a training rank.")
     activation_checkpointing: bool = Field(
-        default=False, description="Training ranks recompute each block in backward."
+        default=True, description="Training ranks recompute each block in backward."
     )
     sandbox_workers: int = Field(default=8, gt=0, description="Sandbox workers on each node.")
     sandbox_max_in_flight: int | None = Field(

@@ -32,7 +32,8 @@ Contract
 - `load_sharded_model(model_dir, config, world)` builds the model on the meta device, shards it
   and fills each rank's shard from the folder's safetensors, so no process holds the whole model;
   `save_safetensors(model, out)` writes the weights back as such a folder's files, gathered
-  parameter by parameter onto rank 0 and written bucket by bucket.
+  parameter by parameter onto rank 0 and written bucket by bucket; `load_full_weights(model,
+  path)` loads a driver's `model.pt`, read by rank 0 alone and broadcast.
 
 Not covered: tensor or sequence parallelism, CPU offload, and checkpoints (see
 `sharded_checkpoint`).
@@ -540,6 +541,18 @@ def save_safetensors(model: torch.nn.Module, out: Path, *, bucket_bytes: int = 1
         weight_map.update(dict.fromkeys(names, final))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def load_full_weights(model: torch.nn.Module, path: Path) -> None:
+    """A full state dict saved with `torch.save` (a driver's `model.pt`) into the sharded
+    `model`: rank 0 alone reads the file and broadcasts it, each rank keeping its shard
+    (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    full = torch.load(path, map_location="cpu", weights_only=True) if rank == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=options)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:

@@ -160,20 +160,13 @@ class TrainWorker:
     def load_weights(self, path: str) -> None:
         """Weights only, from a workers' sharded checkpoint folder or a driver's `model.pt`
         (read by rank 0 and broadcast into every rank's shards) (collective)."""
-        import torch
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
-
         from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
+        from rstar2_trainer.training.distributed import load_full_weights
 
         if Path(path).is_dir():
             load_sharded(Path(path), model=self.model, optimizer=None)
-            return
-        full = torch.load(path, map_location="cpu", weights_only=True) if self.rank == 0 else {}
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, full, options=options)
+        else:
+            load_full_weights(self.model, Path(path))
 
     def export(self, out: str, bucket_bytes: int) -> None:
         """The weights as safetensors in `out`, written by rank 0 (collective)."""
