@@ -10,6 +10,11 @@ on rank 0, each step's loss, grad norm and full weights to --out. The test compa
   torchrun --nproc-per-node 2 _fsdp_worker.py checkpoint --model-dir M --checkpoint ROOT --out DIR
       (a model folder trained one step, saved as the trainer's workers save it: step 1 under
       ROOT, and its full weights as DIR/trained.pt)
+  torchrun --nproc-per-node 2 _fsdp_worker.py load --model-dir M --out DIR
+      (M loaded shard by shard on the meta device: its full weights as DIR/loaded.pt, the
+      logits of `probe_ids()` as DIR/logits.pt, the weights written back by rank 0 as
+      safetensors into DIR/export in buckets of 4 KB, and, after loading M/model.pt (rank 0
+      reads it, all get their shards), the full weights as DIR/from_pt.pt)
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from rstar2_trainer.training.distributed import (
     close_distributed,
     full_state_dict,
     init_distributed,
+    load_full_weights,
+    load_sharded_model,
     make_micro_batch,
+    save_safetensors,
     shard_model,
     train_step,
 )
@@ -55,6 +63,10 @@ def build_model() -> torch.nn.Module:
         tie_word_embeddings=False,
     )
     return Qwen3ForCausalLM(config).float()
+
+
+def probe_ids() -> torch.Tensor:
+    return torch.tensor([[5, 17, 33, 2, 90, 41, 7, 64], [1, 2, 3, 4, 5, 6, 7, 8]])  # [2, 8]
 
 
 def build_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -128,7 +140,7 @@ def _step(model, optimizer, step: int, rank: int, world_size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "resume", "checkpoint"])
+    parser.add_argument("mode", choices=["train", "resume", "checkpoint", "load"])
     parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoint", type=Path)
@@ -145,6 +157,23 @@ def main() -> None:
             torch.save(weights, args.out / f"{name}.pt")
             record["steps"][name] = metrics
 
+    if args.mode == "load":
+        model = load_sharded_model(args.model_dir, config, world)
+        with torch.no_grad():
+            logits = model(probe_ids()).logits
+        weights = full_state_dict(model)
+        if rank == 0:
+            torch.save(weights, args.out / "loaded.pt")
+            torch.save(logits, args.out / "logits.pt")
+            (args.out / "export").mkdir()
+        torch.distributed.barrier()
+        save_safetensors(model, args.out / "export", bucket_bytes=4096)
+        load_full_weights(model, args.model_dir / "model.pt")
+        weights = full_state_dict(model)
+        if rank == 0:
+            torch.save(weights, args.out / "from_pt.pt")
+        close_distributed()
+        return
     if args.mode == "checkpoint":
         from transformers import AutoModelForCausalLM
 

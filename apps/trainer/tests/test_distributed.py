@@ -181,6 +181,55 @@ def test_bad_input_is_refused() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True])
+def test_two_ranks_load_the_folder_shard_by_shard_as_from_pretrained_does(
+    tmp_path: Path, tied: bool
+) -> None:
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(7)
+    config = Qwen3Config(
+        vocab_size=95,  # odd: the two ranks' row shards differ in length (48 and 47)
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
+    model_dir = tmp_path / "model"
+    Qwen3ForCausalLM(config).save_pretrained(model_dir, max_shard_size="20KB")
+    assert len(list(model_dir.glob("*.safetensors"))) > 1  # several files, read tensor by tensor
+    torch.manual_seed(8)
+    other = Qwen3ForCausalLM(config).state_dict()  # a driver's model.pt of other weights
+    torch.save(other, model_dir / "model.pt")
+    out = tmp_path / "out"
+    out.mkdir()
+    _launch(["load", "--model-dir", str(model_dir), "--out", str(out)], nproc=2)
+    want = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    got = torch.load(out / "loaded.pt")
+    assert set(got) == set(want.state_dict())
+    for name, tensor in want.state_dict().items():
+        assert torch.equal(got[name], tensor), name
+    with torch.no_grad():  # the rotary inv_freq was recomputed, not left uninitialised
+        logits = want(worker.probe_ids()).logits
+    torch.testing.assert_close(torch.load(out / "logits.pt"), logits, atol=1e-6, rtol=1e-5)
+    # Written back by rank 0 in 4 KB buckets: several files that transformers loads as they were.
+    export = out / "export"
+    assert len(list(export.glob("model-*-of-*.safetensors"))) > 1
+    (export / "config.json").write_text((model_dir / "config.json").read_text())
+    again = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).state_dict()
+    for name, tensor in want.state_dict().items():
+        assert torch.equal(again[name], tensor), name
+    # A driver's model.pt, read by rank 0 and broadcast into the shards.
+    from_pt = torch.load(out / "from_pt.pt")
+    for name, tensor in other.items():
+        assert torch.equal(from_pt[name], tensor), name
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("activation_checkpointing", [False, True])
 def test_two_ranks_match_one_process_and_resume_on_one(
     tmp_path: Path, activation_checkpointing: bool

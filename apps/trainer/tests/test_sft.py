@@ -1,13 +1,13 @@
-"""SFT micro-batches: grouping a step's examples by length changes the cost, not the loss."""
+"""SFT runs through `train_step`: the same losses and weights as the driver's old loop."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2_rollout.tiny import build_tiny_model
-from rstar2_trainer.sft import loss_sum, micro_batches, sft_batches, train_sft
-from rstar2_trainer.training.precision import FP32_CPU
+from rstar2_trainer.sft import cosine_with_warmup, sft_batches, sft_rows, train_sft
 
 
 def _examples() -> list[tuple[list[int], list[int]]]:
@@ -20,37 +20,72 @@ def _examples() -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def test_micro_batches_respect_the_budget_and_keep_every_example():
-    examples = _examples()
-    groups = micro_batches(examples, max_tokens=40)
-    assert sorted(len(e[0]) for g in groups for e in g) == sorted(len(e[0]) for e in examples)
-    assert all(len(g) * max(len(e[0]) for e in g) <= 40 for g in groups if len(g) > 1)
-    assert len(groups) < len(examples)
-    assert [len(g) for g in micro_batches(examples, max_tokens=1)] == [1] * 5  # each alone
+def _old_loop(model, examples, *, epochs, batch_size, lr, warmup_ratio, seed, micro_batch_tokens):
+    """The driver's SFT loop before it ran through `train_step` (its own micro-batching, longest
+    first; each micro-batch's summed NLL over the step's loss tokens; clip; AdamW + LambdaLR):
+    the losses the tiny default recipe was measured with."""
+    from rstar2_trainer.training.batching import make_batch, response_logprobs
+
+    def groups(picked):
+        out, width = [], 0
+        for ids, mask in sorted(picked, key=lambda e: -len(e[0])):
+            if out and (len(out[-1]) + 1) * width <= micro_batch_tokens:
+                out[-1].append((ids, mask))
+            else:
+                out.append([(ids, mask)])
+                width = len(ids)
+        return out
+
+    batches = sft_batches(len(examples), epochs=epochs, batch_size=batch_size, seed=seed)
+    total, warmup = len(batches), max(1, int(len(batches) * warmup_ratio))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: cosine_with_warmup(s, total, warmup)
+    )
+    model.train()
+    losses = []
+    for indices in batches:
+        picked = [examples[i] for i in indices]
+        n = sum(sum(mask[1:]) for _, mask in picked)
+        optimizer.zero_grad(set_to_none=True)
+        value = 0.0
+        for rows in groups(picked):
+            batch = make_batch(
+                [i[:1] for i, _ in rows], [i[1:] for i, _ in rows], [m[1:] for _, m in rows], 0
+            )
+            logp, _ = response_logprobs(model, batch)  # [B, T]
+            loss = -(logp * batch.response_mask).sum() / n
+            loss.backward()
+            value += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(value)
+    return losses
 
 
-def test_grouping_gives_the_loss_and_gradient_of_each_example_alone(tmp_path):
+def test_sft_through_train_step_keeps_the_old_loops_losses_and_weights(tmp_path):
     model_dir = build_tiny_model(tmp_path / "m", seed=0, vocab_size=512, layers=2)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = _examples()
-    alone = torch.stack([loss_sum(model, [e], FP32_CPU) for e in examples]).sum()
-    alone.backward()
-    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    groups = micro_batches(examples, max_tokens=64)
-    assert len(groups) < len(examples)  # the examples really share forward passes
-    grouped = torch.stack([loss_sum(model, g, FP32_CPU) for g in groups]).sum()
-    grouped.backward()
-    got, expected = float(grouped.detach()), float(alone.detach())
-    assert abs(got - expected) < 1e-5 * expected
-    for name, grad in want.items():
-        now = dict(model.named_parameters())[name].grad
-        assert now is not None
-        assert (now - grad).abs().max() <= 1e-4 * grad.abs().max() + 1e-7, (
-            name,
-            (now - grad).abs().max(),
-            grad.abs().max(),
-        )
+    examples = _examples() * 3
+    settings: dict = {"epochs": 3, "batch_size": 6, "lr": 3e-3, "warmup_ratio": 0.2, "seed": 0}
+    old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    want = _old_loop(old, examples, micro_batch_tokens=64, **settings)
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    got: list[float] = []
+    result = train_sft(
+        new, examples, micro_batch_tokens=64, on_step=lambda s, t, loss: got.append(loss),
+        **settings,
+    )  # fmt: skip
+    assert result.steps == len(want) == 9 and result.micro_batches < 9 * 6  # grouped forwards
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+    assert result.last_loss < result.first_loss - 0.5
+    for (name, p), q in zip(new.named_parameters(), old.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_mask_of_the_wrong_length_is_refused():
+    with pytest.raises(ValueError, match="one loss-mask entry per token"):
+        sft_rows([([1, 2, 3], [1, 1])])
 
 
 def test_train_sft_lowers_the_loss_with_fewer_forwards_than_examples(tmp_path):

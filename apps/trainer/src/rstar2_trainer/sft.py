@@ -5,28 +5,34 @@ and cosine decay (the paper's SFT schedule, scaled down). The examples are conve
 by the rollout package's chat template (`encode_conversation`), so the model learns exactly the
 token stream the agent loop will later produce.
 
-One optimizer step takes `batch_size` examples. They are grouped by length into micro-batches of
-at most `micro_batch_tokens` padded tokens (an example longer than that is a micro-batch of its
-own); each micro-batch is one forward and backward (gradient accumulation), and the step's loss
-is the token mean over all of its loss tokens, so the grouping changes the cost (less padding,
-bounded memory), not the loss. Examples are not packed into one row: transformers' packed-sequence
-path (position ids restarting, no attention mask) did not keep examples apart in our check (an
-example's logits moved by up to 1.06 beside a neighbour), so each example keeps its own row.
+One SFT loop, `sft_loop(step, examples, ...)`, for the driver and the FSDP2 ranks alike: the
+seeded batches (`sft_batches`), the cosine schedule, and for each batch one call of `step(rows,
+lr)`, which is `distributed.train_step` with `sft_loss` (in this process as a world of one, or
+on the ranks). Each example is a row whose "response" is every token after the first; the step's
+loss is the token mean over all of the batch's loss tokens, the gradient norm clipped to
+`MAX_GRAD_NORM`. `train_step` groups rows longest first (`longest_first_chunks`) into
+micro-batches of at most `micro_batch_tokens` padded tokens (a longer example is a micro-batch of its own), one forward and
+backward each (gradient accumulation), so the grouping changes the cost, not the loss. Examples
+are not packed into one row: transformers' packed-sequence path (position ids restarting, no
+attention mask) did not keep examples apart in our check (an example's logits moved by up to 1.06
+beside a neighbour), so each example keeps its own row.
 
-The model must already be on `precision.device`; bf16 runs the forward under autocast with fp32
-master weights (see `precision`).
+`train_sft(model, examples, ...)` runs that loop on a model in this process (already on
+`precision.device`; bf16 runs the forward under autocast with fp32 master weights).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rstar2_trainer.training.batching import make_batch, response_logprobs
+from rstar2_trainer.training.distributed import Row, StepResult, longest_first_chunks, train_step
 from rstar2_trainer.training.precision import FP32_CPU, Precision
 
 Example = tuple[list[int], list[int]]  # token ids, loss mask (1: an assistant token to learn)
@@ -43,36 +49,18 @@ class SFTResult:
     micro_batches: int  # forward passes
 
 
-def micro_batches(examples: Sequence[Example], max_tokens: int) -> list[list[Example]]:
-    """`examples` grouped longest first into micro-batches of at most `max_tokens` padded tokens."""
-    out: list[list[Example]] = []
-    width = 0
-    for i in sorted(range(len(examples)), key=lambda i: -len(examples[i][0])):
-        ids, mask = examples[i]
+def sft_loss(logp: torch.Tensor, mb: Any) -> torch.Tensor:
+    """The SFT cross-entropy as a per-token loss: -log p of each response token."""
+    return -logp  # [B, T]
+
+
+def sft_rows(examples: Sequence[Example]) -> list[Row]:
+    """Each example as a row: every token after the first is scored, as a one-token prompt's
+    response, and enters the loss where its mask is 1."""
+    for ids, mask in examples:
         if len(mask) != len(ids):
             raise ValueError("every example needs one loss-mask entry per token")
-        if out and (len(out[-1]) + 1) * width <= max_tokens:
-            out[-1].append(examples[i])
-        else:
-            out.append([examples[i]])
-            width = len(ids)  # the longest of the new micro-batch
-    return out
-
-
-def loss_sum(model: torch.nn.Module, rows: Sequence[Example], precision: Precision) -> torch.Tensor:
-    """The summed negative log-likelihood of the loss tokens of `rows` (a 0-dim tensor)."""
-    # Score every token after the first as a "response" of a one-token prompt.
-    batch = precision.batch(
-        make_batch(
-            [ids[:1] for ids, _ in rows],
-            [ids[1:] for ids, _ in rows],
-            [mask[1:] for _, mask in rows],
-            0,
-        )
-    )
-    with precision.autocast():
-        logp, _ = response_logprobs(model, batch)  # [B, T]
-    return -(logp * batch.response_mask).sum()
+    return [Row(ids[:1], ids[1:], mask[1:]) for ids, mask in examples]
 
 
 def cosine_with_warmup(step: int, total: int, warmup: int) -> float:
@@ -101,6 +89,47 @@ def sft_batches(
     return out
 
 
+SFTStep = Callable[[list[Row], float], Awaitable[StepResult]]  # (rows, lr) -> one step
+
+
+async def sft_loop(
+    step: SFTStep,
+    examples: Sequence[Example],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    warmup_ratio: float,
+    seed: int,
+    min_size: int = 1,
+    on_step: OnStep | None = None,
+) -> SFTResult:
+    """SFT's steps: each seeded batch (at least `min_size` examples, one per rank) one `step`
+    at the scheduled learning rate; the loss trajectory."""
+    batches = sft_batches(
+        len(examples), epochs=epochs, batch_size=batch_size, seed=seed, min_size=min_size
+    )
+    if not batches or len(batches[0]) < min_size:
+        raise ValueError(
+            f"{len(examples)} SFT examples cannot give each of {min_size} training workers one; "
+            "raise sft.batch_size or add examples"
+        )
+    total = len(batches)
+    warmup = max(1, int(total * warmup_ratio))
+    first = last = float("nan")
+    tokens = forwards = 0
+    for k, indices in enumerate(batches):
+        rows = sft_rows([examples[i] for i in indices])
+        result = await step(rows, lr * cosine_with_warmup(k, total, warmup))
+        first = result.loss if k == 0 else first
+        last = result.loss
+        tokens += result.tokens
+        forwards += result.micro_batches
+        if on_step is not None:
+            on_step(k + 1, total, result.loss)
+    return SFTResult(total, first, last, tokens, forwards)
+
+
 def train_sft(
     model: torch.nn.Module,
     examples: Sequence[Example],
@@ -113,38 +142,52 @@ def train_sft(
     micro_batch_tokens: int = 4096,
     on_step: OnStep | None = None,
     precision: Precision = FP32_CPU,
+    pad_id: int = 0,
 ) -> SFTResult:
-    """Train `model` in place on `examples`; return the loss trajectory."""
-    batches = sft_batches(len(examples), epochs=epochs, batch_size=batch_size, seed=seed)
-    total = len(batches)
+    """Train `model` in place on `examples` (`sft_loop` in this process, its own AdamW)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    warmup = max(1, int(total * warmup_ratio))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: cosine_with_warmup(s, total, warmup)
+    step = driver_sft_step(model, optimizer, micro_batch_tokens, precision, pad_id=pad_id)
+    result = asyncio.run(
+        sft_loop(
+            step,
+            examples,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            warmup_ratio=warmup_ratio,
+            seed=seed,
+            on_step=on_step,
+        )
     )
-    model.train()
-    step, first, last, tokens, forwards = 0, float("nan"), float("nan"), 0, 0
-    for indices in batches:
-        picked = [examples[i] for i in indices]
-        groups = micro_batches(picked, micro_batch_tokens)
-        n = sum(sum(mask[1:]) for _, mask in picked)
-        optimizer.zero_grad(set_to_none=True)
-        value = 0.0
-        for rows in groups:
-            loss = loss_sum(model, rows, precision) / max(1, n)
-            loss.backward()
-            value += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        optimizer.step()
-        scheduler.step()
-        first = value if step == 0 else first
-        last = value
-        tokens += n
-        forwards += len(groups)
-        step += 1
-        if on_step is not None:
-            on_step(step, total, value)
     model.eval()
-    return SFTResult(
-        steps=step, first_loss=first, last_loss=last, tokens=tokens, micro_batches=forwards
-    )
+    return result
+
+
+def driver_sft_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batch_tokens: int,
+    precision: Precision,
+    *,
+    pad_id: int,
+) -> SFTStep:
+    """`train_step` with `sft_loss` on `model` in this process (a world of one)."""
+
+    async def step(rows: list[Row], lr: float) -> StepResult:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with precision.autocast():
+            return train_step(
+                model,
+                optimizer,
+                rows,
+                sft_loss,
+                pad_id=pad_id,
+                micro_batch_tokens=micro_batch_tokens,
+                max_grad_norm=MAX_GRAD_NORM,
+                device=precision.device,
+                normalize_by="tokens",
+                grouping=longest_first_chunks,
+            )
+
+    return step

@@ -10,9 +10,12 @@
     finish      the trained policy as a Hugging Face folder (RUN_DIR/policy), the final table, plots
 
 The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.train_workers`
-FSDP2 ranks (`worker_policy`); SFT and evaluation stay in the driver, and the policy takes the
-driver's weights before RL. Trajectories come from `parts.source` (local engines or remote
-workers) through one `collect`. A step is `rl_step` (rollout to update, its metrics) then
+FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weights from the
+start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
+writes the policy folder. The engines load the model folder themselves, so nothing is pushed
+before SFT (remote rollout workers, which loaded their own copy, get the policy's weights
+first). Trajectories come from `parts.source` (local engines or remote workers) through one
+`collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
@@ -49,8 +52,7 @@ from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
 from rstar2_trainer.rundir import report
-from rstar2_trainer.rundir.checkpoint import latest_step, load_latest, save_policy
-from rstar2_trainer.rundir.export import load_weights
+from rstar2_trainer.rundir.checkpoint import latest_step, load_latest
 from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.sampling import rollout_config_for
@@ -136,7 +138,6 @@ async def _train(
     opener = open_parts if config.cluster is None else open_cluster_parts
     precision = Precision.from_settings(config.train.device, config.train.dtype)
     async with opener(config, run_dir, corpus) as parts:
-        parts.model.to(precision.device)  # fp32 master weights, on the training device
         pad_id = _pad_id(parts.tokenizer)
         async with open_policy(
             config, parts.model, parts.model_dir, precision, pad_id=pad_id, group=parts.train_group
@@ -150,14 +151,12 @@ async def _train(
                 run.step += 1
                 stage, metrics = await rl_step(run)
                 await end_step(run, stage, metrics)
-            await policy.export_into(parts.model)  # the trained weights, for the policy folder
-        policy_dir = save_policy(
-            parts.model,
-            parts.tokenizer,
-            run_dir / "policy",
-            system_prompt=config.rollout.system_prompt,
-            step=run.step,
-        )
+            policy_dir = await policy.export(
+                run_dir / "policy",
+                parts.tokenizer,
+                system_prompt=config.rollout.system_prompt,
+                step=run.step,
+            )
         report.final_table(run.evals, run_dir, policy_dir, final_eval_command(config))
 
 
@@ -194,52 +193,42 @@ async def run_eval(run: Run, when: str) -> None:
 
 
 async def start(run: Run, traces: list) -> None:
-    """A new run: (evaluate,) SFT, evaluate, hand the weights to the policy, checkpoint 0."""
+    """A new run: (evaluate,) SFT, push to the engines, evaluate, checkpoint 0."""
     config, parts = run.config, run.parts
     if config.init is not None:
         await start_from_origin(run)
         return
-    await _sync_driver(run)
+    if parts.remote is not None:  # remote workers loaded a model of their own
+        await run.policy.sync(parts)
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
     if config.sft.enabled:
+        await parts.engines.sleep()  # colocated: SFT gets the GPU memory; the sync wakes them
         await run_sft(run, traces)
-        await run.policy.export_into(parts.model)  # SFT on training ranks: the driver's copy
-        await _sync_driver(run)
+        await run.policy.sync(parts)
     await run_eval(run, "after_sft")
-    await run.policy.load_from(parts.model)
     await save(run)
 
 
 async def start_from_origin(run: Run) -> None:
     """A run with `init` (rundir/origin.py): no SFT; the origin checkpoint's weights (and
-    optimizer and curriculum state when included) into the policy, evaluated, checkpoint 0."""
+    optimizer and curriculum state when included) into the policy, read from the checkpoint's
+    files where the policy lives, pushed to the engines, evaluated, checkpoint 0."""
     config, parts = run.config, run.parts
     init = config.init
     assert init is not None
     origin = origin_checkpoint(config)
-    load_weights(origin.path, parts.model)
-    await run.policy.load_from(parts.model)
     if "optimizer" in init.include:
-        await run.policy.restore(origin)  # the same weights, and the optimizer state
+        await run.policy.restore(origin)  # the weights and the optimizer state
+    else:
+        await run.policy.load_weights(origin.path)
     if "curriculum" in init.include:
         run.curriculum.load_state_dict(origin.state["curriculum"])
-    await _sync_driver(run)
+    await run.policy.sync(parts)
     taken = ", ".join(["weights", *init.include])
     report.console.print(f"initialised from {init.run} step {init.step} ({taken}); no SFT")
     await run_eval(run, "init")
     await save(run)
-
-
-async def _sync_driver(run: Run) -> None:
-    """The driver's model (before RL: the policy may not hold it yet) into the engines."""
-    from rstar2_trainer.training.weight_sync import push_weights
-
-    parts = run.parts
-    if parts.remote is not None:
-        await parts.remote.push_weights(parts.model.state_dict().items())
-    else:
-        await push_weights(parts.engines, parts.model.state_dict().items())
 
 
 async def restore(run: Run, ckpt: Any) -> None:

@@ -438,7 +438,7 @@ async def open_cluster_parts(
         check_memory(config, model_dir, placement)  # before anything starts
         if connect(placement, config.run.log_level):
             stack.callback(_ray().shutdown)
-        model, tokenizer = load_policy(model_dir)
+        model, tokenizer = load_policy(model_dir, weights=placement.train_workers == 0)
         token = RunToken.create(run_dir)
         nodes = await start_node_servers(config, placement, stack, token.value)
         sandbox = SandboxClient([n["sandbox"] for n in nodes], token=token.value)

@@ -59,7 +59,12 @@ async def check(config: TrainerConfig, cluster: ClusterConfig, run_dir: Path) ->
                 f"engine {engine.name}: {len(out.token_ids)} tokens ({out.finish_reason}) in "
                 f"{time.perf_counter() - t:.3f} s; KV {cap.total_tokens if cap else '?'} tokens"
             )
-        times = await sync_weights(parts.engines, parts.model.state_dict().items())
+        model = parts.model  # None when training ranks own the weights: load a copy to push
+        if model is None:
+            from rstar2_trainer.placement.local import load_policy
+
+            model, _ = load_policy(parts.model_dir)
+        times = await sync_weights(parts.engines, model.state_dict().items())
         print(
             f"weight sync: put {times.put_s:.3f} s, slowest load {times.load_s:.3f} s, "
             f"total {times.total_s:.3f} s"

@@ -53,7 +53,7 @@ class Parts:
     """The live parts of a run."""
 
     model_dir: Path
-    model: Any  # transformers PreTrainedModel, the policy being trained
+    model: Any  # transformers PreTrainedModel trained in the driver; None when ranks train
     tokenizer: Any
     engines: Engines  # each engine, metered for idle time (none when remote)
     source: TrajectorySource  # RolloutWorker over `engines`, or the RemoteWorkers
@@ -115,10 +115,13 @@ def prepare_model_dir(config: TrainerConfig, run_dir: Path, corpus: Sequence[str
     return out
 
 
-def load_policy(model_dir: Path) -> tuple[Any, Any]:
+def load_policy(model_dir: Path, *, weights: bool = True) -> tuple[Any, Any]:
+    """The model (fp32; None without `weights`: the training ranks load it) and tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not weights:
+        return None, tokenizer
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     return model, tokenizer

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,9 +124,38 @@ def save_policy(model: Any, tokenizer: Any, out: Path, *, system_prompt: str, st
     `rstar2.json` records what the folder's weights expect: the system-prompt style the agent
     loop used in training (`rstar2-eval ... system_prompt=...`) and the RL step.
     """
+    tmp = _policy_tmp(out)
+    model.save_pretrained(tmp, safe_serialization=True)
+    return _finish_policy(tmp, tokenizer, out, system_prompt=system_prompt, step=step)
+
+
+async def write_policy(
+    write_weights: Callable[[Path], Awaitable[None]],
+    model_dir: Path,
+    tokenizer: Any,
+    out: Path,
+    *,
+    system_prompt: str,
+    step: int,
+) -> Path:
+    """`save_policy` for weights this process does not hold: `write_weights(folder)` writes the
+    safetensors (the training ranks), the config is copied from the model folder."""
+    tmp = _policy_tmp(out)
+    tmp.mkdir(parents=True)
+    await write_weights(tmp)
+    for name in ("config.json", "generation_config.json"):
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, tmp / name)
+    return _finish_policy(tmp, tokenizer, out, system_prompt=system_prompt, step=step)
+
+
+def _policy_tmp(out: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    return tmp
+
+
+def _finish_policy(tmp: Path, tokenizer: Any, out: Path, *, system_prompt: str, step: int) -> Path:
     tokenizer.save_pretrained(tmp)
     (tmp / "rstar2.json").write_text(
         json.dumps({"system_prompt": system_prompt, "step": step}, indent=2) + "\n"

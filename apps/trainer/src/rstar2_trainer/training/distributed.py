@@ -25,20 +25,28 @@ Contract
   loss token. `normalize_by="rows"` divides by the global number of rows instead of loss tokens
   (the sequence-level aggregations of rstar2_algos); `temperature` and `with_entropy` are passed
   to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`, detached unless
-  the loss has a true `entropy_grad` attribute: an entropy bonus needs its gradient).
+  the loss has a true `entropy_grad` attribute: an entropy bonus needs its gradient); `grouping`
+  picks the micro-batches (shortest first by default; SFT's `longest_first_chunks`).
 - Ranks may hold different numbers of micro-batches; the shorter ones run zero-weighted repeats so
   every rank joins every FSDP collective (no hang, no gradient).
 
-Not covered: tensor or sequence parallelism, meta-device initialisation of models larger than one
-host's RAM (every rank builds the full model once before sharding), CPU offload, and checkpoints
-(see `sharded_checkpoint`).
+- `load_sharded_model(model_dir, config, world)` builds the model on the meta device, shards it
+  and fills each rank's shard from the folder's safetensors, so no process holds the whole model;
+  `save_safetensors(model, out)` writes the weights back as such a folder's files, gathered
+  parameter by parameter onto rank 0 and written bucket by bucket; `load_full_weights(model,
+  path)` loads a driver's `model.pt`, read by rank 0 alone and broadcast.
+
+Not covered: tensor or sequence parallelism, CPU offload, and checkpoints (see
+`sharded_checkpoint`).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -173,6 +181,91 @@ def shard_model(model: torch.nn.Module, config: DistributedConfig, world: World)
     return model  # now also an FSDPModule
 
 
+def load_sharded_model(model_dir: str | Path, config: DistributedConfig, world: World) -> Any:
+    """The model folder's causal LM, sharded, each rank reading only its own rows from disk.
+
+    Built on the meta device (no memory), sharded with `shard_model`, materialised empty on the
+    rank's device, then filled parameter by parameter from the folder's safetensors files: each
+    rank reads its Shard(0) rows of each tensor (`safe_open(...).get_slice`), cast to fp32, so
+    the peak host memory is about one shard plus one tensor's rows. Tied weights are one
+    parameter (filled once, from whichever of its names the files hold); non-persistent buffers
+    (the rotary `inv_freq`) are recomputed by transformers' own initialiser. Equal to
+    `from_pretrained(model_dir, dtype=float32)` then `shard_model`, tensor for tensor.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    model = shard_model(model, config, world)
+    model.to_empty(device=world.device)
+    _recompute_buffers(model)
+    files = _tensor_files(model_dir)
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    persistent = set(model.state_dict())
+    buffers = [(n, b) for n, b in model.named_buffers() if n in persistent]
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *buffers]:
+            names = aliases.get(id(tensor), [name])
+            found = next((n for n in names if n in files), None)
+            if found is None:
+                raise ValueError(f"{model_dir} holds no tensor {name!r} (its safetensors lack it)")
+            _fill(tensor, files[found], found, world)
+    model.eval()
+    return model
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file of `model_dir` that holds it."""
+    from safetensors import safe_open
+
+    paths = sorted(model_dir.glob("*.safetensors"))
+    if not paths:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
+    out: dict[str, Path] = {}
+    for path in paths:
+        with safe_open(str(path), framework="pt") as f:
+            out.update(dict.fromkeys(f.keys(), path))
+    return out
+
+
+def _fill(tensor: torch.Tensor, path: Path, name: str, world: World) -> None:
+    """This rank's part of `tensor` (a Shard(0) DTensor or a plain one) from file `path`."""
+    from safetensors import safe_open
+
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    with safe_open(str(path), framework="pt") as f:
+        part = f.get_slice(name)
+        shape = tuple(part.get_shape())
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{path.name}: {name} is {list(shape)}, the model wants "
+                             f"{list(tensor.shape)}")  # fmt: skip
+        if isinstance(tensor, DTensor) and local.shape[0] < shape[0]:
+            # FSDP2's Shard(0): torch.chunk rows, ceil(rows / world) each, the last ones shorter.
+            start = world.rank * -(-shape[0] // world.world_size)
+            rows = part[start : start + local.shape[0]] if local.shape[0] else None
+        else:
+            rows = part[:]
+        if rows is not None:
+            local.copy_(rows.to(local.dtype))
+
+
+def _recompute_buffers(model: Any) -> None:
+    """Non-persistent buffers (not in any file) from transformers' initialiser: `to_empty` left
+    them uninitialised. Modules holding one are initialised afresh; the parameters among them
+    are overwritten from the files right after."""
+    persistent = set(model.state_dict())
+    owners = {
+        name.rpartition(".")[0] for name, _ in model.named_buffers() if name not in persistent
+    }
+    with torch.no_grad():
+        for name in owners:
+            model._init_weights(model.get_submodule(name))
+
+
 @dataclass(frozen=True)
 class Row:
     """One sequence to train on: a prompt, a response, its loss mask and per-token values."""
@@ -195,6 +288,25 @@ class MicroBatch:
     batch: Batch
     values: dict[str, torch.Tensor]  # each [B, T], 0 on padding
     entropy: torch.Tensor | None = None  # [B, T] with train_step(with_entropy=True); see TokenLoss
+
+
+# (row lengths, max padded tokens) -> row indices per micro-batch
+Grouping = Callable[[Sequence[int], int], Iterable[list[int]]]
+
+
+def longest_first_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Row indices grouped longest first, each micro-batch at most `max_tokens` padded tokens
+    (its first row the widest; a longer row alone): SFT's grouping, kept so SFT's numbers are
+    those it was measured with (`token_budget_chunks`, shortest first, is the RL step's)."""
+    out: list[list[int]] = []
+    width = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if out and (len(out[-1]) + 1) * width <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+            width = lengths[i]
+    return out
 
 
 LossOutput = torch.Tensor | tuple[torch.Tensor, Mapping[str, Any]]
@@ -280,6 +392,7 @@ def train_step(
     normalize_by: Literal["tokens", "rows"] = "tokens",
     temperature: float = 1.0,
     with_entropy: bool = False,
+    grouping: Grouping = token_budget_chunks,
 ) -> StepResult:
     """One optimizer step on this rank's `rows`, the loss normalised across all ranks."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -289,7 +402,7 @@ def train_step(
         raise ValueError("every rank needs at least one row (see partition_rows)")
     device = device or next(model.parameters()).device
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-    chunks = [[rows[i] for i in c] for c in token_budget_chunks(lengths, micro_batch_tokens)]
+    chunks = [[rows[i] for i in c] for c in grouping(lengths, micro_batch_tokens)]
     local_tokens = float(sum(sum(r.loss_mask) for r in rows))
     total_tokens, total_rows = _all_reduce(
         [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device
@@ -378,6 +491,71 @@ def _clip_grad_norm(model: torch.nn.Module, max_norm: float | None) -> float:
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return float(norm)
+
+
+def save_safetensors(model: torch.nn.Module, out: Path, *, bucket_bytes: int = 1 << 30) -> None:
+    """The unsharded weights as a Hugging Face safetensors set in folder `out` (collective).
+
+    Every rank joins the gather of one parameter at a time; rank 0 alone keeps it, on the CPU,
+    and writes a file whenever the kept tensors reach `bucket_bytes`, so its extra memory is one
+    bucket plus one tensor. One file is `model.safetensors`; several are
+    `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`. Tied weights are
+    written once (under the first name, as `save_pretrained` does); fp32, as trained."""
+    from safetensors.torch import save_file
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    persistent = set(model.state_dict())
+    named = [
+        *model.named_parameters(),
+        *((n, b) for n, b in model.named_buffers() if n in persistent),
+    ]
+    written: list[tuple[Path, list[str]]] = []
+    bucket: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if bucket:
+            path = out / f".part-{len(written):05d}.safetensors"
+            save_file(bucket, str(path), metadata={"format": "pt"})
+            written.append((path, list(bucket)))
+        bucket, size = {}, 0
+
+    for name, tensor in named:
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if rank == 0:
+            nbytes = full.numel() * full.element_size()
+            if size and size + nbytes > bucket_bytes:
+                flush()
+            bucket[name] = full.detach().to("cpu", copy=True).contiguous()
+            size += nbytes
+            total += nbytes
+        del full
+    if rank != 0:
+        return
+    flush()
+    if len(written) == 1:
+        written[0][0].rename(out / "model.safetensors")
+        return
+    weight_map: dict[str, str] = {}
+    for i, (path, names) in enumerate(written):
+        final = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+        path.rename(out / final)
+        weight_map.update(dict.fromkeys(names, final))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def load_full_weights(model: torch.nn.Module, path: Path) -> None:
+    """A full state dict saved with `torch.save` (a driver's `model.pt`) into the sharded
+    `model`: rank 0 alone reads the file and broadcasts it, each rank keeping its shard
+    (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    full = torch.load(path, map_location="cpu", weights_only=True) if rank == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=options)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:

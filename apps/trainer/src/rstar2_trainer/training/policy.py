@@ -3,16 +3,22 @@
     Policy.update(kept, advantages, lr, temperature)  one RL update (mini-batches x epochs)
     Policy.sync(parts)                                 the weights into the rollout engines
     Policy.sft(examples, sft, seed, on_step)           non-reasoning SFT (before RL)
-    Policy.load_from(model)                            the driver's weights in
+    Policy.load_weights(checkpoint)                    a checkpoint folder's weights (init-from)
     Policy.save(checkpoints, step, state)              the run's checkpoint of this step
     Policy.restore(checkpoint)                         back to a checkpoint
     Policy.reset_optimizer()                           a fresh optimizer (a stage switch)
-    Policy.export_into(model)                          the trained weights into the driver's model
+    Policy.export(out, tokenizer, system_prompt, step) the policy folder (safetensors, tokenizer)
 
 `open_policy` chooses the implementation once: `DriverPolicy` (the model and AdamW in this
-process) or `worker_policy.WorkerPolicy` (`cluster.train_workers` ranks). Both run the same
-training step, `distributed.train_step`, with the same loss (`update.WorkerPolicyLoss`): the
-driver is a world of one, so there is one micro-batching implementation.
+process) or `worker_policy.WorkerPolicy` (`cluster.train_workers` ranks; then the driver holds no
+model at all). Both run the same training step, `distributed.train_step`, with the same loss
+(`update.WorkerPolicyLoss`, built once per policy), and SFT runs through that step too
+(`sft.sft_loop` with `sft.sft_loss`): the driver is a world of one, so there is one
+micro-batching implementation and one SFT loop.
+
+The policy owns the weights from the start: it and the engines both load the model folder, so
+nothing is pushed before the first update unless SFT or `--init-from` changed the weights (the
+caller then calls `sync`).
 
 An update is PPO-style: the kept batch is cut into `optim.mini_batches` contiguous mini-batches
 and passed over `optim.epochs` times, one optimizer step per mini-batch. With more than one step
@@ -32,8 +38,8 @@ import torch
 
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
-from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
-from rstar2_trainer.sft import Example, OnStep, SFTResult, train_sft
+from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint, save_policy
+from rstar2_trainer.sft import Example, OnStep, SFTResult, driver_sft_step, sft_loop
 from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, with_values
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import (
@@ -58,7 +64,7 @@ class Policy(Protocol):
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
     ) -> SFTResult: ...
 
-    async def load_from(self, model: torch.nn.Module) -> None: ...
+    async def load_weights(self, checkpoint: Path) -> None: ...
 
     async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None: ...
 
@@ -66,7 +72,7 @@ class Policy(Protocol):
 
     async def reset_optimizer(self) -> None: ...
 
-    async def export_into(self, model: torch.nn.Module) -> None: ...
+    async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path: ...
 
 
 class DriverPolicy:
@@ -135,9 +141,10 @@ class DriverPolicy:
             return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
         return (await parts.engines.push(self.model.state_dict().items())).as_metrics()
 
-    async def load_from(self, model: torch.nn.Module) -> None:
-        if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
+    async def load_weights(self, checkpoint: Path) -> None:
+        from rstar2_trainer.rundir.export import load_weights
+
+        load_weights(checkpoint, self.model)
 
     async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None:
         save_checkpoint(
@@ -165,29 +172,33 @@ class DriverPolicy:
     async def sft(
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
     ) -> SFTResult:
-        """SFT of the driver's model, with an optimizer of its own (the RL one is untouched)."""
-        return train_sft(
-            self.model,
+        """SFT of the driver's model (`sft.sft_loop` through `train_step`), with an optimizer of
+        its own (the RL one is untouched)."""
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.lr, weight_decay=0.0)
+        step = driver_sft_step(
+            self.model, optimizer, sft.micro_batch_tokens, self.precision, pad_id=self.pad_id
+        )
+        result = await sft_loop(
+            step,
             examples,
             epochs=sft.epochs,
             batch_size=sft.batch_size,
             lr=sft.lr,
             warmup_ratio=sft.warmup_ratio,
             seed=seed,
-            micro_batch_tokens=sft.micro_batch_tokens,
             on_step=on_step,
-            precision=self.precision,
         )
+        self.model.eval()
+        return result
 
-    async def export_into(self, model: torch.nn.Module) -> None:
-        if model is not self.model:  # the driver's own model is the policy: nothing to copy
-            model.load_state_dict(self.model.state_dict())
+    async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
+        return save_policy(self.model, tokenizer, out, system_prompt=system_prompt, step=step)
 
 
 @contextlib.asynccontextmanager
 async def open_policy(
     config: TrainerConfig,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     model_dir: Path,
     precision: Precision,
     *,
@@ -195,12 +206,15 @@ async def open_policy(
     group: Any = None,
 ) -> AsyncIterator[Policy]:
     """The run's policy: on `cluster.train_workers` FSDP2 ranks (`group` when colocated
-    placement already started them), or in the driver."""
+    placement already started them; `model` None: the driver loads none), or in the driver
+    (`model`, moved to `precision.device`)."""
     from rstar2_trainer.training.worker_policy import open_worker_policy
 
     async with open_worker_policy(config, model_dir, pad_id=pad_id, group=group) as workers:
-        yield (
-            workers
-            if workers is not None
-            else DriverPolicy(model, config, precision, pad_id=pad_id)
-        )
+        if workers is not None:
+            yield workers
+            return
+        if model is None:
+            raise ValueError("the driver trains (cluster.train_workers 0) but loaded no model")
+        model.to(precision.device)  # fp32 master weights, on the training device
+        yield DriverPolicy(model, config, precision, pad_id=pad_id)

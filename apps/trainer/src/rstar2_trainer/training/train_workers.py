@@ -3,8 +3,10 @@
 `TrainGroup.start(world_size, model_dir, config)` places `world_size` `TrainWorker` actors (one
 GPU each on GPU nodes, or CPU with gloo), gives them torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT of a free port on rank 0's node) and has each join the
-world with `distributed.init_distributed`, load the model from `model_dir` (the same weights on
-every rank), shard it with `shard_model` and make its AdamW over the shards.
+world with `distributed.init_distributed`, build the model on the meta device, shard it and fill
+each rank's shard from `model_dir`'s safetensors tensor by tensor
+(`distributed.load_sharded_model`: no rank ever holds the whole model) and make its AdamW over
+the shards.
 
 - `step(rows, loss_fn, ...)` splits the rows over the ranks by token count
   (`partition_rows`) and runs `distributed.train_step` on every rank at once; the loss and the
@@ -14,10 +16,13 @@ every rank), shard it with `shard_model` and make its AdamW over the shards.
   list of (name, tensor): `sync_to_engines` hands that reference to every engine actor, so the
   weights go rank 0 -> object store -> engines without passing through the driver (sleeping
   engines are woken around the load as in `weight_sync.push_weights`).
-- `load_state(named_tensors)` puts full weights (e.g. the driver's after SFT) into every rank's
-  shards; `save(root, step)` / `load(path)` are the sharded checkpoint (`sharded_checkpoint`)
-  of the model and optimizer, written by all ranks together; `reset_optimizer()` starts AdamW
-  afresh (a stage switch).
+- `load_weights(path)` puts a checkpoint's weights into every rank's shards (a workers' DCP
+  folder, or a driver's `model.pt` read by rank 0 and broadcast); `export(out)` writes the full
+  weights as safetensors, gathered parameter by parameter onto rank 0 and written bucket by
+  bucket; `load_state(named_tensors)` puts given full weights into the shards. `save(root,
+  step)` / `load(path)` are the sharded checkpoint (`sharded_checkpoint`) of the model and
+  optimizer, written by all ranks together; `reset_optimizer()` starts AdamW afresh (a stage
+  switch).
 
 Each actor sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES per actor), so its LOCAL_RANK is
 0. Not covered: learning-rate schedules (the caller sets `lr` per step), sharing GPUs with
@@ -35,13 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from rstar2_trainer.sft import sft_loss as sft_loss  # the loss SFT steps send to the ranks
 from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
 from rstar2_trainer.training.weight_sync import SyncTimes, sleepers
-
-
-def sft_loss(logp: Any, mb: Any) -> Any:
-    """The SFT cross-entropy as a per-token loss: -log p of each response token."""
-    return -logp
 
 
 class TrainWorker:
@@ -76,11 +77,8 @@ class TrainWorker:
         weight_decay: float = 0.0,
     ) -> None:
         """Join the world, load and shard the model, make the optimizer (collective)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
         from rstar2_trainer.placement.devices import actor_device_index
-        from rstar2_trainer.training.distributed import init_distributed, shard_model
+        from rstar2_trainer.training.distributed import init_distributed, load_sharded_model
 
         host, port = master.rsplit(":", 1)
         os.environ.update(
@@ -91,8 +89,7 @@ class TrainWorker:
             MASTER_PORT=port,
         )
         self.world = init_distributed(config)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.model = shard_model(model, config, self.world)
+        self.model = load_sharded_model(model_dir, config, self.world)
         self.optim_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
         self.reset_optimizer()
 
@@ -160,6 +157,23 @@ class TrainWorker:
 
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, dict(named_tensors), options=options)
+
+    def load_weights(self, path: str) -> None:
+        """Weights only, from a workers' sharded checkpoint folder or a driver's `model.pt`
+        (read by rank 0 and broadcast into every rank's shards) (collective)."""
+        from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
+        from rstar2_trainer.training.distributed import load_full_weights
+
+        if Path(path).is_dir():
+            load_sharded(Path(path), model=self.model, optimizer=None)
+        else:
+            load_full_weights(self.model, Path(path))
+
+    def export(self, out: str, bucket_bytes: int) -> None:
+        """The weights as safetensors in `out`, written by rank 0 (collective)."""
+        from rstar2_trainer.training.distributed import save_safetensors
+
+        save_safetensors(self.model, Path(out), bucket_bytes=bucket_bytes)
 
     def save(self, root: str, step: int, keep: int) -> str:
         from rstar2_trainer.rundir.sharded_checkpoint import save_sharded
@@ -302,6 +316,14 @@ class TrainGroup:
         """Load a sharded checkpoint (saved at any world size) into every rank; its state."""
         states = await asyncio.gather(*(a.load.remote(str(path)) for a in self.actors))
         return states[0]
+
+    async def load_weights(self, path: Path) -> None:
+        """Weights (a workers' checkpoint folder, or a driver's `model.pt`) into every rank."""
+        await asyncio.gather(*(a.load_weights.remote(str(path)) for a in self.actors))
+
+    async def export(self, out: Path, *, bucket_bytes: int = 1 << 30) -> None:
+        """The full weights as safetensors files in `out` (rank 0 writes; no driver copy)."""
+        await asyncio.gather(*(a.export.remote(str(out), bucket_bytes) for a in self.actors))
 
     async def full_state(self) -> list[tuple[str, Any]]:
         """The full weights, fetched into this process (for export)."""

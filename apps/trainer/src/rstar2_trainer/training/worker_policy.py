@@ -18,19 +18,23 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
   logprobs are computed on the ranks first (`distributed.row_logprobs`), as the driver does.
 - `sync(parts)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
   returns the `time_sync_s` metrics.
-- `sft(examples, ...)` runs non-reasoning SFT on the ranks, step for step the driver's
-  (`sft.train_sft`); `export_into(model)` then hands the driver the SFT'd weights for the
-  engines. `load_from(model)` copies the driver's weights into the ranks.
+- `sft(examples, ...)` runs non-reasoning SFT on the ranks: `sft.sft_loop`, the driver's loop,
+  each step a `train_step` over the ranks.
+- `load_weights(checkpoint)` (`--init-from`) loads a checkpoint's weights into the ranks from its
+  files (the workers' shards, or a driver's `model.pt` read by rank 0 and broadcast).
 - Checkpoints: `save(checkpoints, step, state)` writes the ranks' sharded model and optimizer to
   `checkpoints/workers/step_NNNNNN/` (DCP, loads at any world size), before the driver writes its
   own checkpoint (curriculum, RNG, step; no model) so the driver's `latest` never points at a step
   the workers lack; `restore(checkpoint)` loads that step into the ranks.
-- `export_into(model)` copies the trained weights into the driver's model (for `save_policy`).
+- `export(out, tokenizer, ...)` writes the policy folder: safetensors from rank 0, gathered
+  parameter by parameter and written bucket by bucket; the config copied from the model folder.
+
+The driver holds no model: the ranks load the model folder (meta-device init, shard by shard),
+the engines load it themselves, and nothing travels until the first `sync`.
 
 Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
 with `train_workers`), a batch with fewer kept trajectories than ranks (an
-error that says what to change). The driver still loads one full copy of the model (the
-engines' first weights, the evaluation after SFT and the exported policy).
+error that says what to change).
 """
 
 from __future__ import annotations
@@ -46,17 +50,15 @@ import torch
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
 from rstar2_trainer.placement.colocated import ColocatedGroup
-from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint
-from rstar2_trainer.sft import (
-    MAX_GRAD_NORM,
-    Example,
-    OnStep,
-    SFTResult,
-    cosine_with_warmup,
-    sft_batches,
+from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint, write_policy
+from rstar2_trainer.sft import MAX_GRAD_NORM, Example, OnStep, SFTResult, sft_loop, sft_loss
+from rstar2_trainer.training.distributed import (
+    DistributedConfig,
+    Row,
+    StepResult,
+    longest_first_chunks,
 )
-from rstar2_trainer.training.distributed import DistributedConfig, Row
-from rstar2_trainer.training.train_workers import TrainGroup, sft_loss, sync_to_engines
+from rstar2_trainer.training.train_workers import TrainGroup, sync_to_engines
 from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
@@ -65,9 +67,12 @@ WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's check
 class WorkerPolicy:
     """The driver's handle on the policy that lives, sharded, on the training ranks."""
 
-    def __init__(self, group: TrainGroup, config: TrainerConfig, *, pad_id: int) -> None:
+    def __init__(
+        self, group: TrainGroup, config: TrainerConfig, model_dir: Path, *, pad_id: int
+    ) -> None:
         assert config.cluster is not None
         self.group = group
+        self.model_dir = model_dir
         self.config = config
         self.cluster = config.cluster
         self.pad_id = pad_id
@@ -151,52 +156,46 @@ class WorkerPolicy:
     async def sft(
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
     ) -> SFTResult:
-        """SFT on the ranks: the driver's steps (`sft.sft_batches`, the cosine schedule, the
-        token-mean loss over each step's examples, the clip), each a `train_step` over the
-        ranks. The ranks' optimizer is SFT's during it and a fresh RL one after."""
-        batches = sft_batches(
-            len(examples),
-            epochs=sft.epochs,
-            batch_size=sft.batch_size,
-            seed=seed,
-            min_size=len(self.group.actors),
-        )
-        if not batches or len(batches[0]) < len(self.group.actors):
-            raise ValueError(
-                f"{len(examples)} SFT examples cannot give each of {len(self.group.actors)} "
-                "training workers one; raise sft.batch_size or add examples"
-            )
-        total = len(batches)
-        warmup = max(1, int(total * sft.warmup_ratio))
-        await self._onload()  # colocated: the caller put the engines to sleep
+        """SFT on the ranks: `sft.sft_loop`, each step a `train_step` over the ranks with
+        `sft_loss`. The ranks' optimizer is SFT's during it and a fresh RL one after.
+        Colocated, the caller put the engines to sleep; the training state comes back first."""
+        await self._onload()
         await self.group.reset_optimizer(lr=sft.lr, weight_decay=0.0, betas=(0.9, 0.999))
-        first = last = float("nan")
-        tokens = forwards = 0
-        for step, indices in enumerate(batches):
-            rows = [
-                Row(ids[:1], ids[1:], mask[1:])  # every token after the first, as sft.loss_sum
-                for ids, mask in (examples[i] for i in indices)
-            ]
-            result = await self.group.step(
+
+        async def step(rows: list[Row], lr: float) -> StepResult:
+            return await self.group.step(
                 rows,
                 sft_loss,
-                lr=sft.lr * cosine_with_warmup(step, total, warmup),
+                lr=lr,
                 pad_id=self.pad_id,
                 micro_batch_tokens=sft.micro_batch_tokens,
                 max_grad_norm=MAX_GRAD_NORM,
                 normalize_by="tokens",
+                grouping=longest_first_chunks,
             )
-            first = result.loss if step == 0 else first
-            last = result.loss
-            tokens += result.tokens
-            forwards += result.micro_batches
-            on_step(step + 1, total, result.loss)
-        await self.group.reset_optimizer()
-        return SFTResult(total, first, last, tokens, forwards)
 
-    async def load_from(self, model: torch.nn.Module) -> None:
-        """The driver's weights (after SFT) into every rank."""
-        await self.group.load_state(model.state_dict().items())
+        result = await sft_loop(
+            step,
+            examples,
+            epochs=sft.epochs,
+            batch_size=sft.batch_size,
+            lr=sft.lr,
+            warmup_ratio=sft.warmup_ratio,
+            seed=seed,
+            min_size=len(self.group.actors),
+            on_step=on_step,
+        )
+        await self.group.reset_optimizer()
+        return result
+
+    async def load_weights(self, checkpoint: Path) -> None:
+        """Checkpoint folder `checkpoint`'s weights into the ranks, read there: the workers'
+        shards of that step, or the driver's `model.pt`."""
+        shards = checkpoint.parent / WORKERS_DIR / checkpoint.name
+        if (shards / ".metadata").is_file():
+            await self.group.load_weights(shards)
+        else:
+            await self.group.load_weights(checkpoint / "model.pt")
 
     async def reset_optimizer(self) -> None:
         await self.group.reset_optimizer()
@@ -226,9 +225,17 @@ class WorkerPolicy:
             )
         await self.group.load(path)
 
-    async def export_into(self, model: torch.nn.Module) -> None:
-        """The ranks' trained weights into the driver's `model`."""
-        model.load_state_dict(dict(await self.group.full_state()))
+    async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
+        """The policy folder, its weights written by rank 0 (`TrainGroup.export`), its config
+        copied from the model folder."""
+        return await write_policy(
+            lambda tmp: self.group.export(tmp),
+            self.model_dir,
+            tokenizer,
+            out,
+            system_prompt=system_prompt,
+            step=step,
+        )
 
 
 def distributed_config(config: TrainerConfig) -> DistributedConfig:
@@ -258,7 +265,7 @@ async def open_worker_policy(
         yield None
         return
     if group is not None:
-        yield WorkerPolicy(group, config, pad_id=pad_id)
+        yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)
         return
     try:
         group = await TrainGroup.start(
@@ -280,6 +287,6 @@ async def open_worker_policy(
             f"{cluster.start_timeout_s:.0f} s; check `ray status` for free resources"
         ) from None
     try:
-        yield WorkerPolicy(group, config, pad_id=pad_id)
+        yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)
     finally:
         await group.close()
