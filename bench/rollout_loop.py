@@ -43,10 +43,11 @@ from rstar2_rollout import (
     Generation,
     KVCapacity,
     Problem,
-    Rollout,
     RolloutConfig,
+    RolloutSampling,
     SamplingParams,
     VLLMEngineConfig,
+    one_engine_worker,
 )
 from rstar2_rollout.engines.vllm import VLLMEngine
 from rstar2_sandbox import (
@@ -83,9 +84,12 @@ class Recorder:
 
 
 def _stable(request_id: str) -> str:
-    """'problem/sample/run/turn' without the run counter `Rollout` adds: equal across runs."""
-    problem, sample, _, turn = request_id.rsplit("/", 3)
-    return f"{problem}/{sample}/{turn}"
+    """'problem/sample/turn', equal across runs (a run counter, where an id has one, dropped)."""
+    parts = request_id.rsplit("/", 3)
+    if len(parts) == 4:
+        problem, sample, _, turn = parts
+        return f"{problem}/{sample}/{turn}"
+    return request_id
 
 
 class ToolTape:
@@ -177,7 +181,15 @@ async def bench(args: argparse.Namespace, model: str) -> dict[str, Any]:
             Problem(f"p{i}", f"What is the sum of the first {i + 10} primes?") for i in range(count)
         ]
     recorder = Recorder(engine)
-    rollout = Rollout(recorder, sandbox, tokenizer, config)
+    sampling = RolloutSampling.of(config, config.n)
+
+    async def run_all() -> list[Any]:
+        """`config.n` trajectories per problem through the rollout worker over the recorder."""
+        worker = one_engine_worker(recorder, sandbox, tokenizer, config)
+        try:
+            return [r.trajectory async for r in worker.generate(problems, sampling)]
+        finally:
+            await worker.scheduler.close()
 
     async def loop_run(playing: bool) -> tuple[float, int, list[Any]]:
         recorder.calls.clear()
@@ -186,7 +198,7 @@ async def bench(args: argparse.Namespace, model: str) -> dict[str, Any]:
             sandbox.waits.clear()
             sandbox.results.clear()
         started = time.perf_counter()
-        trajs = await rollout.run(problems)
+        trajs = await run_all()
         return time.perf_counter() - started, sum(t.sampled_tokens for t in trajs), trajs
 
     await loop_run(playing=False)  # warm-up
