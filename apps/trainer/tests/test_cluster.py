@@ -28,7 +28,6 @@ from rstar2_trainer.config import load_config
 from rstar2_trainer.placement.cluster import (
     ClusterConfig,
     ClusterError,
-    VerifyPool,
     _service_args,
     connect,
     engine_nodes,
@@ -37,6 +36,7 @@ from rstar2_trainer.placement.cluster import (
     start_node_servers,
     sync_weights,
 )
+from rstar2_verify.client import VerifyPool
 
 # Under `uv run`, Ray would start its workers through `uv run` too (re-resolving the environment
 # in each); the cluster module turns that off before it imports Ray, and so must this test,

