@@ -181,7 +181,7 @@ def policy_loss(
     token_loss, bound = clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip)
     if token_weights is not None:
         _check_shapes(logprobs, token_weights=token_weights)
-        token_loss = token_loss * token_weights.detach()
+        token_loss = token_loss * token_weights.detach().to(token_loss.dtype)
     pg_loss = aggregate(token_loss, keep, aggregation, norm_tokens, normalizer)
     loss = pg_loss
     with torch.no_grad():
