@@ -20,10 +20,14 @@ from rstar2_algos.config import (
     GrpoConfig,
     GrpoRocConfig,
     GspoConfig,
+    MisConfig,
+    NoOffPolicyConfig,
+    OffPolicyConfig,
     PolicyGradientConfig,
     RlooConfig,
     RocConfig,
     SampledRocConfig,
+    TisConfig,
 )
 from rstar2_algos.groups import (
     EqualRewardFilter,
@@ -39,6 +43,12 @@ from rstar2_algos.loss import (
     policy_loss,
     sequence_log_ratio,
     token_log_ratio,
+)
+from rstar2_algos.off_policy import (
+    OffPolicyCorrection,
+    apply_correction,
+    correct_off_policy,
+    mismatch_metrics,
 )
 from rstar2_algos.penalty import format_penalty, roc_penalty, tool_error_penalty
 from rstar2_algos.roc import (
@@ -61,6 +71,10 @@ __all__ = [
     "GrpoConfig",
     "GrpoRocConfig",
     "GspoConfig",
+    "MisConfig",
+    "NoOffPolicyConfig",
+    "OffPolicyConfig",
+    "OffPolicyCorrection",
     "PolicyGradientConfig",
     "RlooConfig",
     "RocConfig",
@@ -68,12 +82,15 @@ __all__ = [
     "ScoredTrajectory",
     "Selection",
     "SelectionStats",
+    "TisConfig",
     "TrajectoryFeatures",
     "aggregate",
+    "apply_correction",
     "broadcast_to_tokens",
     "build_algorithm",
     "clipped_surrogate",
     "compute_advantages",
+    "correct_off_policy",
     "deterministic_roc_counts",
     "format_penalty",
     "group_by_id",
@@ -82,6 +99,7 @@ __all__ = [
     "groups_needed",
     "kl_to_reference",
     "leave_one_out",
+    "mismatch_metrics",
     "policy_loss",
     "read_features",
     "reject_equal_reward",

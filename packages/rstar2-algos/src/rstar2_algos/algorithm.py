@@ -7,9 +7,11 @@ A trainer swaps algorithms by config alone:
     sel = algo.select(trajectories, rng, target_groups=batch_prompts)
     adv = algo.advantages(sel)                   # [K], one per kept trajectory
     tok = broadcast_to_tokens(adv, mask)         # [K, T] under the loss mask
-    loss, metrics = algo.policy_loss(logprobs, old_logprobs, tok, mask)
+    fix = algo.off_policy(old_logprobs, behaviour_logprobs, mask)   # sampler vs trainer
+    loss, metrics = algo.policy_loss(logprobs, old_logprobs, tok, mask, token_weights=fix.weights)
 
-Every choice (resampler, advantage estimator, ratio level, aggregation) is bound here at
+Every choice (resampler, advantage estimator, ratio level, aggregation, off-policy
+correction) is bound here at
 construction with `functools.partial`; nothing branches on the config inside a step. The pure
 functions it binds are public, for trainers that want the pieces.
 
@@ -35,6 +37,7 @@ from rstar2_algos.config import (
     SampledRocConfig,
 )
 from rstar2_algos.loss import policy_loss
+from rstar2_algos.off_policy import OffPolicyCorrection, apply_correction, weigh_for
 from rstar2_algos.roc import resample_on_correct, resample_on_correct_deterministic
 from rstar2_algos.selection import Resampler, Selection, T, select_trajectories
 
@@ -81,6 +84,7 @@ class Algorithm:
             kl_estimator=config.kl_estimator,
             entropy_coef=config.entropy_coef,
         )
+        self._correct = partial(apply_correction, weigh=weigh_for(config.off_policy))
 
     @property
     def group_size(self) -> int:
@@ -116,6 +120,7 @@ class Algorithm:
         ref_logprobs: torch.Tensor | None = None,
         entropy: torch.Tensor | None = None,
         normalizer: float | None = None,
+        token_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss to minimise and its metrics; tensors are [B, T] (advantages may be [B])."""
         return self._loss(
@@ -126,7 +131,15 @@ class Algorithm:
             ref_logprobs=ref_logprobs,
             entropy=entropy,
             normalizer=normalizer,
+            token_weights=token_weights,
         )
+
+    def off_policy(
+        self, old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
+    ) -> OffPolicyCorrection:
+        """The configured correction's weights [B, T] and the sampler-trainer mismatch metrics;
+        `mask` [B, T] marks loss tokens whose behaviour logprob is known."""
+        return self._correct(old_logprobs, behaviour_logprobs, mask)
 
     def __repr__(self) -> str:
         return f"Algorithm({self.config!r})"

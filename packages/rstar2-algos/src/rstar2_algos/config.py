@@ -4,7 +4,8 @@
 `dr_grpo`, `dapo`, `gspo` and `rloo`. Every model shares the fields of `PolicyGradientConfig`;
 each sets the defaults that define its algorithm, and `grpo_roc` adds oversampling and the
 Resample-on-Correct rule (`roc`, itself a union: the paper's `sampled` rule or the public port's
-`deterministic` one). A mapping without `name` validates as `grpo_roc`.
+`deterministic` one). A mapping without `name` validates as `grpo_roc`. Every algorithm has
+`off_policy`, a union by `kind` (`none`, `tis`, `mis`; see `off_policy.py`).
 
 Not covered here: the batch size in prompts (the curriculum's) and the response budget (the
 rollout's); the trainer composes them.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 AdvantageEstimator = Literal["group_zscore", "group_mean", "leave_one_out"]
 Aggregation = Literal["token_mean", "sequence_mean", "token_sum_norm"]
@@ -50,6 +51,53 @@ class DeterministicRocConfig(BaseModel):
 
 
 RocConfig = Annotated[SampledRocConfig | DeterministicRocConfig, Field(discriminator="kind")]
+
+
+OffPolicyLevel = Literal["token", "sequence"]
+
+
+class NoOffPolicyConfig(BaseModel):
+    """No correction: every weight is 1; the sampler-trainer mismatch is still measured."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["none"] = Field(default="none", description="No off-policy correction.")
+
+
+class TisConfig(BaseModel):
+    """Truncated importance sampling: weight = min(pi_old / pi_behaviour, cap), detached."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["tis"] = Field(default="tis", description="Truncated importance sampling.")
+    level: OffPolicyLevel = Field(
+        default="token", description="Ratio per token, or per sequence (product of tokens)."
+    )
+    cap: float = Field(default=2.0, gt=0, description="C: the largest weight (verl's 2).")
+
+
+class MisConfig(BaseModel):
+    """Masked importance sampling: tokens (or sequences) whose ratio leaves [lower, upper] get
+    weight 0, the others 1."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["mis"] = Field(default="mis", description="Masked importance sampling.")
+    level: OffPolicyLevel = Field(
+        default="token", description="Ratio per token, or per sequence (product of tokens)."
+    )
+    lower: float = Field(default=0.5, gt=0, description="Smallest ratio kept (verl's 1/2).")
+    upper: float = Field(default=2.0, gt=0, description="Largest ratio kept (verl's 2).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MisConfig:
+        if not self.lower <= 1.0 <= self.upper:
+            raise ValueError(f"need lower <= 1 <= upper, got [{self.lower}, {self.upper}]")
+        return self
+
+
+OffPolicyConfig = Annotated[NoOffPolicyConfig | TisConfig | MisConfig, Field(discriminator="kind")]
+"""How the sampler's logprobs correct the loss: a union selected by `kind` (default `none`)."""
 
 
 class PolicyGradientConfig(BaseModel):
@@ -90,6 +138,10 @@ class PolicyGradientConfig(BaseModel):
         default="k3", description="Estimator of KL(policy || reference) per token."
     )
     entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
+    off_policy: OffPolicyConfig = Field(
+        default_factory=NoOffPolicyConfig,
+        description="Correction for the sampler's logprobs differing from the trainer's.",
+    )
 
     @property
     def rollouts_per_prompt(self) -> int:

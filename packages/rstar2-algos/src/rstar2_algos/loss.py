@@ -21,6 +21,9 @@ Rows without a masked token count for nothing. `normalizer` replaces the count d
 (tokens for token_mean, rows otherwise): pass the whole batch's count when the batch is split
 into micro-batches, so the micro-batch losses add up to the batch loss.
 
+Off-policy weights (`token_weights`, see `off_policy.py`) multiply loss_t after the clip, as
+verl multiplies `pg_losses` by `rollout_is_weights`; the KL and entropy terms are not weighted.
+
 Optional terms: `kl_coef` * KL(policy || reference) per token (k1: log p - log p_ref; k3:
 exp(d) - d - 1 with d = log p_ref - log p), and -`entropy_coef` * entropy. Both are off in the
 paper. Metrics (detached scalars): clip fractions low/high/dual, approx_kl (k3 of old vs new),
@@ -161,8 +164,12 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     normalizer: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss to minimise (a scalar) and its metrics; advantages are [B, T] or per row [B]."""
+    """The loss to minimise (a scalar) and its metrics; advantages are [B, T] or per row [B].
+
+    `token_weights` [B, T] (detached; e.g. `correct_off_policy(...).weights`) multiply the
+    clipped token losses before aggregation; None leaves them as they are."""
     if advantages.ndim == 1:
         advantages = advantages[:, None].expand_as(logprobs)  # [B, T]
     _check_shapes(logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
@@ -172,6 +179,9 @@ def policy_loss(
     advantages = torch.where(keep, advantages, 0.0)
     log_ratio = RATIOS[ratio_level](logprobs, old_logprobs, keep)  # [B, T]
     token_loss, bound = clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip)
+    if token_weights is not None:
+        _check_shapes(logprobs, token_weights=token_weights)
+        token_loss = token_loss * token_weights.detach().to(token_loss.dtype)
     pg_loss = aggregate(token_loss, keep, aggregation, norm_tokens, normalizer)
     loss = pg_loss
     with torch.no_grad():

@@ -6,10 +6,17 @@ advantage; `WorkerPolicyLoss` is the algorithm's policy loss as a `distributed.T
 `train_step` splits the rows into micro-batches and divides every micro-batch's loss by the
 whole batch's normaliser (loss tokens for token-level aggregation, rows otherwise), so the
 gradient is that of the loss over the whole batch, however it is split (`policy.py` drives it).
+
+Off-policy correction (`algo.off_policy`, rstar2_algos `off_policy.py`): rows carry the sampler's
+logprobs as `values["behaviour_logp"]` (NaN on a row whose engine returned none; the key is left
+out when no kept trajectory has any). The loss weighs each token by the correction built on the
+trainer's old logprob (`old_logp` with several optimizer steps, else the current logprob,
+detached) against that behaviour logprob; rows without one get weight 1 and no mismatch metrics.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -33,6 +40,13 @@ class WorkerPolicyLoss:
     Metrics come back as sums over the micro-batch's loss tokens, so the step's global means are
     token means; `pg_loss` is reported only for token-level aggregation, where it is a token mean.
     Picklable: Ray sends it to every rank. Rows carry their advantage as `values["advantage"]`.
+
+    With `values["behaviour_logp"]` the token losses are weighed by `algo.off_policy` and the
+    mismatch metrics come back as sums over the tokens that have a behaviour logprob:
+    `mismatch_kl`, `mismatch_masked_frac`, `mismatch_weight_mean`, `mismatch_token_share` (the
+    count itself: its global mean is the share of loss tokens measured) and `mismatch_ratio_max`
+    (each micro-batch's largest ratio times its count: globally a token-weighted mean of
+    micro-batch maxima, since `train_step` reduces sums only).
     """
 
     algo: AlgoConfig
@@ -49,32 +63,54 @@ class WorkerPolicyLoss:
         algo = build_algorithm(self.algo)  # binds partials: cheap beside a forward pass
         mask = mb.batch.response_mask  # [B, T]
         old = mb.values.get("old_logp")  # [B, T]
+        old = old if old is not None else logp.detach()
+        behaviour = mb.values.get("behaviour_logp")  # [B, T], NaN where unknown
+        weights, mismatch = None, {}
+        if behaviour is not None:
+            known = mask.bool() & behaviour.isfinite()  # [B, T]
+            fix = algo.off_policy(old, behaviour.nan_to_num(0.0), known)
+            weights, measured = fix.weights, float(known.sum())
+            mismatch = {k: float(v) * measured for k, v in fix.metrics.items()}
+            mismatch["mismatch_token_share"] = measured
         loss, metrics = algo.policy_loss(
             logp,
-            old if old is not None else logp.detach(),
+            old,
             mb.values["advantage"],  # [B, T]
             mask,
             entropy=mb.entropy,
             normalizer=1.0,
+            token_weights=weights,
         )
         tokens = float(mask.sum())
         sums = {k: float(v) * tokens for k, v in metrics.items() if k != "pg_loss"}
         if self.normalize_by == "tokens":
             sums["pg_loss"] = float(metrics["pg_loss"])
-        return loss, sums
+        return loss, sums | mismatch
 
 
 def policy_rows(kept: Sequence[Trajectory], advantages: torch.Tensor) -> list[Row]:  # adv [K]
-    """The kept trajectories as `distributed.Row`s, each token carrying its row's advantage."""
-    return [
-        Row(
-            prompt_ids=list(t.prompt_ids),
-            response_ids=list(t.response_ids),
-            loss_mask=list(t.loss_mask),
-            values={"advantage": [float(a)] * len(t.response_ids)},
-        )
-        for t, a in zip(kept, advantages.tolist(), strict=True)
-    ]
+    """The kept trajectories as `distributed.Row`s, each token carrying its row's advantage and,
+    when any row has them, the sampler's logprobs (`behaviour_logp`; NaN on rows without)."""
+    behaviour = [behaviour_logprobs(t) for t in kept]
+    with_behaviour = any(b is not None for b in behaviour)
+    rows = []
+    for t, a, b in zip(kept, advantages.tolist(), behaviour, strict=True):
+        n = len(t.response_ids)
+        values = {"advantage": [float(a)] * n}
+        if with_behaviour:
+            values["behaviour_logp"] = b if b is not None else [math.nan] * n
+        rows.append(Row(list(t.prompt_ids), list(t.response_ids), list(t.loss_mask), values))
+    return rows
+
+
+def behaviour_logprobs(t: Trajectory) -> list[float] | None:
+    """The sampler's logprob per response token, or None when the engine returned none: no
+    logprobs, or 0.0 on every loss token (what `Trajectory.extend` stores without them)."""
+    if len(t.logprobs) != len(t.response_ids):
+        return None
+    if all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m):
+        return None
+    return [float(lp) for lp in t.logprobs]
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: float):
