@@ -178,16 +178,19 @@ def _single_box(text: str) -> str | None:
     return None
 
 
+MAX_JOINED_BOXES = 64  # one box per root or part: more than this is not one answer
+
+
 def _last_answer(text: str) -> str | None:
     boxes = find_boxes(text)
     if not boxes:
         return None
-    group = [boxes[-1]]
+    group = [boxes[-1]]  # the last box, then the ones before it that it joins, latest first
     for box in reversed(boxes[:-1]):
-        if not _SEPARATOR.match(text[box[2] : group[0][1]]):
+        if len(group) >= MAX_JOINED_BOXES or not _SEPARATOR.match(text[box[2] : group[-1][1]]):
             break
-        group.insert(0, box)
-    return ", ".join(content.strip() for content, _, _ in group)
+        group.append(box)
+    return ", ".join(content.strip() for content, _, _ in reversed(group))
 
 
 def extract_answer(response: str, max_raw_chars: int = 300) -> Extraction:
