@@ -112,7 +112,7 @@ def test_the_paper_setups_fit_and_the_driver_alone_does_not():
 
 
 def test_check_fits_refuses_in_one_line_with_the_numbers():
-    config = load_config("node-8gpu")  # the driver trains alone: one rank holds everything
+    config = load_config("node-8gpu", ["cluster.train_workers=1"])  # one rank holds everything
     setup = setup_from_config(config, QWEN3_14B_JSON)
     assert setup.world_size == 1 and setup.placement == "colocated"
     with pytest.raises(ValueError) as err:
@@ -150,3 +150,20 @@ def test_a_real_step_is_within_15_percent_of_the_model():
     measured = measure(shape)["measured_bytes"]
     predicted = peak_bytes(probe_setup(shape)).training
     assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
+
+
+def test_a_gpu_run_that_does_not_fit_is_refused_before_anything_starts(tmp_path):
+    """`placement.cluster.check_memory`: the recipe's peak against the GPU's memory, one line."""
+    import json
+
+    from rstar2_trainer.placement.cluster import ClusterError, check_memory
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_14B_JSON))
+    config = load_config("node-8gpu", ["cluster.device_memory_gib=40"])
+    assert config.cluster is not None
+    with pytest.raises(ClusterError) as err:
+        check_memory(config, tmp_path, config.cluster)
+    assert "\n" not in str(err.value) and "but the device has 40.0 GiB" in str(err.value)
+    roomy = load_config("node-8gpu", ["cluster.device_memory_gib=192"])
+    assert roomy.cluster is not None
+    check_memory(roomy, tmp_path, roomy.cluster)  # fits: nothing raised

@@ -140,18 +140,18 @@ class Engines(Sequence[Any]):
         return time.perf_counter() - start
 
     async def push(self, named_tensors: Iterable[tuple[str, Any]]) -> SyncReport:
-        """The policy's weights (held in this process) into every live engine."""
+        """The policy's weights (held in this process) into every live engine: each wakes its
+        weights, loads the stream, wakes its KV cache (`weight_sync.push_weights`)."""
         from rstar2_trainer.training.weight_sync import push_weights
 
         start = time.perf_counter()
-        wake_s = await self.wake(["weights"])
-        items = list(named_tensors)
-        load_start = time.perf_counter()
-        reports = await self._each(self.alive, lambda e: push_weights([e], items))
-        load_s = time.perf_counter() - load_start
-        wake_s += await self.wake(["kv_cache"])
-        report = SyncReport(wake_s=wake_s, load_s=load_s, total_s=time.perf_counter() - start)
-        _absorb(report, reports)
+        items = list(named_tensors)  # references: every engine reads the same tensors
+        times = await self._each(self.alive, lambda e: push_weights([e], items))
+        report = SyncReport(total_s=time.perf_counter() - start)
+        if times:
+            report.wake_s = max(t.wake_weights_s + t.wake_kv_s for t in times)
+            report.load_s = max(t.load_s for t in times)
+        _absorb(report, times)
         return report
 
 
