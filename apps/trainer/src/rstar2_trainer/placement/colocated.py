@@ -240,21 +240,11 @@ async def start_colocated(
     """The ranks (joined, sharded, optimizer made), then each one's engine; the group and the
     driver-side `RayEngine`s."""
     from rstar2_trainer.placement.cluster import RayEngine, WeightPublisher
-    from rstar2_trainer.training.worker_policy import distributed_config
+    from rstar2_trainer.training.worker_policy import start_train_group
 
     cluster = placement
-    group = await ColocatedGroup.start(
-        cluster.train_workers,
-        model_dir,
-        distributed_config(config),
-        lr=config.optim.lr,
-        betas=config.optim.betas,
-        weight_decay=config.optim.weight_decay,
-        gpus_per_worker=cluster.gpus_per_train_worker,
-        cpus_per_worker=cluster.cpus_per_train_worker,
-        threads=cluster.train_threads,
-        timeout_s=cluster.start_timeout_s,
-        actor_class=ColocatedWorker,
+    group = await start_train_group(
+        config, model_dir, group_class=ColocatedGroup, actor_class=ColocatedWorker
     )
     try:
         names, calls = [], []

@@ -43,7 +43,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -58,8 +58,10 @@ from rstar2_trainer.training.distributed import (
     StepResult,
     longest_first_chunks,
 )
-from rstar2_trainer.training.train_workers import TrainGroup, sync_to_engines
+from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker, sync_to_engines
 from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
+
+G = TypeVar("G", bound=TrainGroup)
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
 
@@ -251,6 +253,32 @@ def distributed_config(config: TrainerConfig) -> DistributedConfig:
     )
 
 
+async def start_train_group(
+    config: TrainerConfig,
+    model_dir: Path,
+    *,
+    group_class: type[G] = TrainGroup,
+    actor_class: type = TrainWorker,
+) -> G:
+    """`cluster.train_workers` ranks of `actor_class` on the model folder, set up from the
+    cluster, train and optim sections (colocated placement passes its own classes)."""
+    cluster = config.cluster
+    assert cluster is not None
+    return await group_class.start(
+        cluster.train_workers,
+        model_dir,
+        distributed_config(config),
+        lr=config.optim.lr,
+        betas=config.optim.betas,
+        weight_decay=config.optim.weight_decay,
+        gpus_per_worker=cluster.gpus_per_train_worker,
+        cpus_per_worker=cluster.cpus_per_train_worker,
+        threads=cluster.train_threads,
+        timeout_s=cluster.start_timeout_s,
+        actor_class=actor_class,
+    )
+
+
 @contextlib.asynccontextmanager
 async def open_worker_policy(
     config: TrainerConfig, model_dir: Path, *, pad_id: int, group: TrainGroup | None = None
@@ -268,18 +296,7 @@ async def open_worker_policy(
         yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)
         return
     try:
-        group = await TrainGroup.start(
-            cluster.train_workers,
-            model_dir,
-            distributed_config(config),
-            lr=config.optim.lr,
-            betas=config.optim.betas,
-            weight_decay=config.optim.weight_decay,
-            gpus_per_worker=cluster.gpus_per_train_worker,
-            cpus_per_worker=cluster.cpus_per_train_worker,
-            threads=cluster.train_threads,
-            timeout_s=cluster.start_timeout_s,
-        )
+        group = await start_train_group(config, model_dir)
     except TimeoutError:
         raise ClusterError(
             f"{cluster.train_workers} training workers of {cluster.gpus_per_train_worker} GPU "
