@@ -77,8 +77,9 @@ class Capacity:
     recompute_old_logprobs: bool = True  # one extra forward (1/4 of an update) before updating
     weight_sync_s: float = 20.0  # push weights to engines, sleep/wake, reset the prefix cache
     # Colocated ranks move their training state (14B: 16 B/param over 64 ranks, 3.7 GB per GPU)
-    # to host memory after the push and back before the update: ~7.4 GB a step per GPU at an
-    # ASSUMED ~10 GB/s of pageable host<->device copy.
+    # to host memory after the push and back before the update: ~7.4 GB a step per GPU. Measured
+    # on one H200 (docs/RESULTS.md, "First GPU run"): ~50 GB/s each way once host memory is
+    # pinned (0.15 s); 0.75 s keeps a 5x margin for other hosts' links.
     train_state_offload_s: float = 0.75
     other_s: float = 10.0  # data, advantages, RoC, logging, checkpoint share
     dt_s: float = 0.25  # simulation time step

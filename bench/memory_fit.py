@@ -1,11 +1,13 @@
-"""Does the paper's setup fit? The per-device memory model, checked on this CPU, then applied.
+"""Does the paper's setup fit? The per-device memory model, checked on CPU and GPU, then applied.
 
     uv run python bench/memory_fit.py --json bench/results/memory_fit.json [--skip-validation]
+    python bench/memory_fit.py --gpu --skip-setups --json OUT   # on one GPU (scripts/gpu_check.sh)
 
 Validation: for each shape below a fresh process runs two real RL training steps
 (`distributed.train_step` with `update.WorkerPolicyLoss`, FSDP2 in a world of one, the chunked
 head logprobs) and reports its measured peak (`memory_probe`: VmHWM of the second step minus
-the RSS before the model was built); `memory.peak_bytes` predicts it from the shape alone
+the RSS before the model was built; on a GPU, `max_memory_allocated` of the second step minus
+the allocated bytes before); `memory.peak_bytes` predicts it from the shape alone
 (training phase, overhead 0). Setups: Qwen3-14B at 12K responses on 64 MI300X and on 8 H100
 80 GB with the shipped recipes' settings (micro-batch tokens, KV budget, engine TP read from
 their YAML files), colocated with offload and activation checkpointing; split placement rows for
@@ -49,6 +51,35 @@ SHAPES = [
         name="v8k-h128-l2-bf16", vocab=8192, hidden=128, intermediate=384, layers=2, heads=2,
         kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
         param_dtype="bfloat16",
+    ),
+]
+
+# On a GPU (--gpu): real Qwen3 widths at the paper's lengths, bf16 compute, checkpointing, the
+# 14B recipe's micro-batch tokens; the 14B row keeps 8 of its 40 blocks so one GPU holds its fp32
+# state (the per-block and loss terms are the 14B's own). Unequal rows: padded, as in a run.
+GPU_SHAPES = [
+    ProbeShape(
+        name="qwen3-1.7b-8k", vocab=151936, hidden=2048, intermediate=6144, layers=28, heads=16,
+        kv_heads=8, head_dim=128, prompt_tokens=1024, response_lengths=[8192, 7000, 8192, 6000],
+        micro_batch_tokens=32768, checkpointing=True, param_dtype="bfloat16", device="cuda",
+    ),
+    ProbeShape(
+        name="qwen3-4b-8k-offload", vocab=151936, hidden=2560, intermediate=9728, layers=36,
+        heads=32, kv_heads=8, head_dim=128, prompt_tokens=1024,
+        response_lengths=[8192, 7000, 8192, 6000], micro_batch_tokens=32768, checkpointing=True,
+        param_dtype="bfloat16", device="cuda", offload_cycle=True,
+    ),
+    ProbeShape(
+        name="qwen3-14b-l8-12k", vocab=151936, hidden=5120, intermediate=17408, layers=8,
+        heads=40, kv_heads=8, head_dim=128, prompt_tokens=1024,
+        response_lengths=[12288, 11000, 12288, 9000], micro_batch_tokens=32768,
+        checkpointing=True, param_dtype="bfloat16", device="cuda",
+    ),
+    ProbeShape(
+        name="qwen3-14b-l8-12k-expandable", vocab=151936, hidden=5120, intermediate=17408,
+        layers=8, heads=40, kv_heads=8, head_dim=128, prompt_tokens=1024,
+        response_lengths=[12288, 11000, 12288, 9000], micro_batch_tokens=32768,
+        checkpointing=True, param_dtype="bfloat16", device="cuda", expandable_segments=True,
     ),
 ]
 # fmt: on
@@ -102,14 +133,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The memory model, checked on CPU and applied.")
     parser.add_argument("--json", type=Path, default=None, help="Write the results here.")
     parser.add_argument("--skip-validation", action="store_true", help="Model rows only.")
+    parser.add_argument(
+        "--gpu", action="store_true", help="Validate on this GPU with Qwen3 shapes (GPU_SHAPES)."
+    )
+    parser.add_argument("--skip-setups", action="store_true", help="Validation rows only.")
+    parser.add_argument("--only", nargs="*", default=None, help="Validate these shapes only.")
     args = parser.parse_args(argv)
 
     validation = []
     if not args.skip_validation:
         print(f"{'shape':<22} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7} {'s':>6}")
-        for shape in SHAPES:
+        shapes = GPU_SHAPES if args.gpu else SHAPES
+        for shape in [s for s in shapes if args.only is None or s.name in args.only]:
             t0 = time.perf_counter()
-            m = measure(shape, timeout_s=1800)
+            try:
+                m = measure(shape, timeout_s=1800)
+            except RuntimeError as exc:  # one shape's failure (an OOM, say) is a result too
+                print(f"{shape.name:<22} failed: {exc}", flush=True)
+                validation.append({"shape": shape.name, "error": str(exc)})
+                continue
             b = peak_bytes(probe_setup(shape))
             err = b.training / m["measured_bytes"] - 1
             seconds = time.perf_counter() - t0
@@ -118,6 +160,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m['measured_bytes'] / 2**20:>13.1f} {err:>+7.1%} {seconds:>6.1f}",
                 flush=True,
             )
+            if "reserved_peak_bytes" in m:
+                print(f"{'':<22} reserved {m['reserved_peak_bytes'] / 2**20:.1f} MiB", flush=True)
+            for cycle in ("cycle1", "cycle2"):
+                if cycle in m.get("offload", {}):
+                    o = m["offload"][cycle]
+                    print(
+                        f"{'':<22} {cycle}: offload {o['offload_bytes'] / 2**30:.1f} GiB in "
+                        f"{o['offload_s']:.2f} s, onload {o['onload_s']:.2f} s, "
+                        f"left {o['left_on_device_bytes'] / 2**20:.0f} MiB, exact {o['exact']}",
+                        flush=True,
+                    )
             validation.append(
                 {
                     "shape": shape.name,
@@ -135,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{'setup':<36} {'device GiB':>10} {'train GiB':>9} {'rollout GiB':>11} "
         f"{'peak GiB':>8} {'host GiB':>8} fits  recipe"
     )
-    for name, setup, device, recipe in setups():
+    for name, setup, device, recipe in [] if args.skip_setups else setups():
         b = peak_bytes(setup, device)
         ok = b.peak <= device
         print(

@@ -5,6 +5,9 @@
 #
 # Stages, each under its own timeout (about 8 minutes in all on one H100):
 #   env        driver, torch, vLLM, Ray, NCCL/RCCL versions, shared-memory size, Ray's NOSET_*
+#   memory     bench/memory_fit.py --gpu: the memory model against `max_memory_allocated` of real
+#              RL steps (Qwen3-1.7B and 4B at 8K, the 14B's width at 12K), and the colocated
+#              offload/onload of the 4B's training state (bytes, seconds, exact round trip)
 #   gpu_step   bench/gpu_step.py: the GRPO-RoC step at Qwen's 151,936 vocabulary and 4K-token
 #              sequences (peak memory), FSDP2 under torchrun, and the sync check (one RL step,
 #              push to a vLLM engine, greedy output changes and equals transformers' bf16)
@@ -12,11 +15,20 @@
 #              two RL steps (sleep, offload, sync, wake timings from the run's metrics; no OOM)
 # Writes OUT_DIR/summary.json (every stage's status, seconds and numbers) and each stage's log.
 # On a machine without a GPU it prints one line and exits 2.
+#
+# Without a synced workspace (.venv; a bare GPU image with torch and transformers) it runs the workspace from source
+# (PYTHONPATH) under `python3`; a stage whose needs are missing there (vLLM for gpu_step's engine
+# phase, Ray and vLLM for colocated) is recorded as skipped (rc 3) with the reason.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-bench/results/gpu_check}"
 py=(uv run --locked python)
-command -v uv >/dev/null 2>&1 || py=(python)
+if [[ ! -x .venv/bin/python ]] || ! command -v uv >/dev/null 2>&1; then
+    py=(python3)
+    src=$(printf '%s:' "$PWD"/packages/*/src "$PWD"/apps/*/src "$PWD"/proto)
+    export PYTHONPATH="${src}${PYTHONPATH:-}"
+fi
+has() { "${py[@]}" -c "import $1" >/dev/null 2>&1; }
 
 if ! "${py[@]}" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     echo "gpu_check: no CUDA or ROCm GPU is visible here; run it on a GPU machine" >&2
@@ -32,8 +44,8 @@ run_stage() {  # name timeout_s command...
     timeout --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1
     rc=$?
     end=$(date +%s.%N)
-    printf '{"stage": "%s", "rc": %d, "seconds": %.1f}\n' "$name" "$rc" \
-        "$(echo "$end - $start" | bc)" >>"$out/stages.jsonl"
+    printf '{"stage": "%s", "rc": %d, "seconds": %s}\n' "$name" "$rc" \
+        "$(awk "BEGIN {printf \"%.1f\", $end - $start}")" >>"$out/stages.jsonl"
     echo "gpu_check: $name rc=$rc ($(tail -n 1 "$out/$name.log" | cut -c1-120))"
 }
 : >"$out/stages.jsonl"
@@ -64,9 +76,21 @@ info["visible"] = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_V
 print(json.dumps(info))
 EOF
 
-run_stage gpu_step 300 "${py[@]}" bench/gpu_step.py --out "$out/gpu_step.json"
+skip_stage() {  # name reason
+    printf '{"stage": "%s", "rc": 3, "seconds": 0.0, "skipped": "%s"}\n' "$1" "$2" >>"$out/stages.jsonl"
+    echo "gpu_check: $1 skipped ($2)"
+}
 
-run_stage colocated 240 uv run --locked rstar2-train tiny \
+run_stage memory 300 "${py[@]}" bench/memory_fit.py --gpu --skip-setups --json "$out/memory_fit.json"
+
+skip=()
+has vllm || skip=(--skip vllm)
+run_stage gpu_step 300 "${py[@]}" bench/gpu_step.py "${skip[@]}" --out "$out/gpu_step.json"
+
+if [[ ${py[0]} == python3 ]] || ! has vllm || ! has ray; then
+    skip_stage colocated "needs the synced workspace (.venv), Ray and vLLM; this machine lacks one"
+else
+    run_stage colocated 240 uv run --locked rstar2-train tiny \
     run.name=gpu-check run.runs_root="$out/runs" run.plots=false \
     sft.enabled=false eval.before_sft=false eval.synthetic=false \
     curriculum.plan=custom 'curriculum.stages=[{name: s1, max_response_tokens: 256, max_turns: 2, steps: 2}]' \
@@ -74,6 +98,7 @@ run_stage colocated 240 uv run --locked rstar2-train tiny \
     cluster.kind=ray cluster.colocate=true cluster.train_workers=1 \
     cluster.gpus_per_train_worker=1 cluster.gpus_per_engine=1 \
     cluster.sandbox_workers=2 cluster.verify_workers=1
+fi
 
 "${py[@]}" - "$out" <<'EOF'
 import json, sys
@@ -85,6 +110,8 @@ try:
     summary["env"] = json.loads(env_log[-1])
 except (IndexError, json.JSONDecodeError):
     summary["env"] = None
+fit = out / "memory_fit.json"
+summary["memory"] = json.loads(fit.read_text())["validation"] if fit.exists() else None
 step = out / "gpu_step.json"
 summary["gpu_step"] = json.loads(step.read_text())["results"] if step.exists() else None
 metrics = sorted((out / "runs").glob("*/metrics.jsonl"))

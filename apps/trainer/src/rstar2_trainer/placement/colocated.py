@@ -37,6 +37,7 @@ from typing import Any
 
 from rstar2_rollout import EngineConfig, EngineProgress, Generation, KVCapacity, SamplingParams
 from rstar2_trainer.placement.engine_actor import EngineActor
+from rstar2_trainer.training.offload import move_train_state
 from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "bfloat16"}
@@ -124,12 +125,12 @@ class ColocatedWorker(TrainWorker):
     def offload(self) -> dict[str, float]:
         """Parameters, gradients and AdamW state to host memory; bytes moved and seconds."""
         self.events.append("offload")
-        return _move_train_state(self.model, self.optimizer, "cpu")
+        return move_train_state(self.model, self.optimizer, "cpu")
 
     def onload(self) -> dict[str, float]:
         """The training state back onto the rank's device."""
         self.events.append("onload")
-        return _move_train_state(self.model, self.optimizer, self.world.device)
+        return move_train_state(self.model, self.optimizer, self.world.device)
 
     def take_events(self) -> list[str]:
         events, self.events = self.events, []
@@ -144,39 +145,6 @@ class ColocatedWorker(TrainWorker):
         """The engine first, then the rank's process group."""
         await self.close_engine()
         super().close()
-
-
-def _move_train_state(model: Any, optimizer: Any, device: Any) -> dict[str, float]:
-    """Move parameters (their local shards), gradients and optimizer state to `device`."""
-    import torch
-
-    start = time.perf_counter()
-    target = torch.device(device)
-    moved = 0
-
-    def move(t: torch.Tensor) -> torch.Tensor:
-        nonlocal moved
-        if t.device == target:
-            return t
-        moved += t.numel() * t.element_size()
-        return t.to(target, non_blocking=True)
-
-    for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        if local.device != target:
-            moved += local.numel() * local.element_size()
-            if p.grad is not None:
-                moved += p.grad.numel() * p.grad.element_size()
-    if moved:
-        model.to(target)
-    for state in optimizer.state.values():
-        for key, value in list(state.items()):
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
-                state[key] = move(value)
-    if target.type == "cpu" and torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return {"bytes": float(moved), "seconds": time.perf_counter() - start}
 
 
 class FullTensors:

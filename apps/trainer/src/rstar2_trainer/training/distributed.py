@@ -7,6 +7,11 @@ Contract
   `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`; env:// rendezvous) or, started as a
   plain `python` process, makes a world of one in-process, so one code path runs both ways.
   Backend: gloo on CPU, nccl on CUDA (RCCL on ROCm, which torch also calls "nccl"/"cuda").
+  On CUDA it turns on the caching allocator's expandable segments unless the user's
+  `PYTORCH_CUDA_ALLOC_CONF` says otherwise (`allocator_settings`): on one H200 the default
+  allocator reserved 21 GiB beyond the 80 GiB a 14B-width step allocated at 12K tokens, expandable
+  segments 7 GiB (docs/RESULTS.md, "First GPU run"). vLLM's sleep-mode pool turns them off for
+  its own allocations and back on after.
 - `shard_model(model, config, world)` applies `fully_shard` to every transformer block (the
   classes a Hugging Face model names in `_no_split_modules`), then to the root. Parameters stay
   fp32 in their shards (the optimizer's master copy); forward/backward compute in `param_dtype`
@@ -107,11 +112,23 @@ class World:
     mesh: DeviceMesh
 
 
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def allocator_settings(environ: Mapping[str, str]) -> str | None:
+    """The CUDA allocator settings to apply: expandable segments, unless the user set any."""
+    return None if "PYTORCH_CUDA_ALLOC_CONF" in environ else EXPANDABLE_SEGMENTS
+
+
 def init_distributed(config: DistributedConfig) -> World:
     """Join torchrun's world (or make a world of one) and build the 1-D data-parallel mesh."""
     wants_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     if config.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("distributed.device=cuda but no GPU is visible; use cpu or auto")
+    if wants_cuda and (settings := allocator_settings(os.environ)) is not None:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = settings  # read at CUDA's first allocation
+        if torch.cuda.is_initialized():  # too late for the variable: tell the allocator itself
+            torch.cuda.memory._set_allocator_settings(settings)
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # torchrun's protocol
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if launched else 0
     device = torch.device("cuda", local_rank) if wants_cuda else torch.device("cpu")

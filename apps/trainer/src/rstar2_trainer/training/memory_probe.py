@@ -1,4 +1,4 @@
-"""The measured peak memory of one real RL training step on this CPU, to check `memory.py`.
+"""The measured peak memory of one real RL training step, on a CPU or a GPU, to check `memory.py`.
 
 `measure(shape)` starts a fresh Python process (`python -m rstar2_trainer.training.memory_probe
 SHAPE_JSON`) that builds a random Qwen3-shaped model of `shape`, shards it with FSDP2 in a world of
@@ -15,6 +15,11 @@ Honest measurement needs freed memory to leave the process: the child runs with 
 and `MALLOC_TRIM_THRESHOLD_` at 0, so RSS follows the live tensors instead of malloc's pools.
 The reading includes what a GPU's caching allocator would not show (small allocations, thread
 scratch); that is the model's `overhead_bytes`, zero here. Linux only (`/proc`).
+
+With `device="cuda"` the model is built on the GPU and the reading is `max_memory_allocated` of
+the second step minus the allocated bytes before the model (plus `reserved_peak_bytes`, what the
+caching allocator held). `offload_cycle` then runs two offload/onload cycles of the training
+state (`training.offload.move_train_state`), each checked exact, and the raw copy rates beside.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +55,9 @@ class ProbeShape(BaseModel):
     micro_batch_tokens: int = Field(gt=0)
     checkpointing: bool = False
     param_dtype: Literal["float32", "bfloat16"] = "float32"  # FSDP2's compute dtype
+    device: Literal["cpu", "cuda"] = "cpu"
+    offload_cycle: bool = False  # after the measured step: offload, onload, one more step
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 
 def probe_setup(shape: ProbeShape) -> Setup:
@@ -103,32 +112,41 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
     )
     from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer
 
+    cuda = shape.device == "cuda"
     libc = ctypes.CDLL("libc.so.6")
     torch.set_num_threads(2)
     torch.manual_seed(0)
     config = DistributedConfig(
-        device="cpu",
+        device=shape.device,
         param_dtype=shape.param_dtype,
         activation_checkpointing=shape.checkpointing,
         micro_batch_tokens=shape.micro_batch_tokens,
     )
     world = init_distributed(config)
-    gc.collect()
-    libc.malloc_trim(0)
-    before = _rss_kib("VmRSS")
-    model = Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=shape.vocab,
-            hidden_size=shape.hidden,
-            intermediate_size=shape.intermediate,
-            num_hidden_layers=shape.layers,
-            num_attention_heads=shape.heads,
-            num_key_value_heads=shape.kv_heads,
-            head_dim=shape.head_dim,
-            tie_word_embeddings=shape.tied,
-            max_position_embeddings=shape.prompt_tokens + max(shape.response_lengths),
+
+    def used() -> int:  # bytes: the GPU's allocated memory, or this process's RSS
+        if cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated()
+        gc.collect()
+        libc.malloc_trim(0)
+        return _rss_kib("VmRSS") * 1024
+
+    before = used()
+    with world.device:  # on a GPU the random model is built there, as fast as it gets
+        model = Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=shape.vocab,
+                hidden_size=shape.hidden,
+                intermediate_size=shape.intermediate,
+                num_hidden_layers=shape.layers,
+                num_attention_heads=shape.heads,
+                num_key_value_heads=shape.kv_heads,
+                head_dim=shape.head_dim,
+                tie_word_embeddings=shape.tied,
+                max_position_embeddings=shape.prompt_tokens + max(shape.response_lengths),
+            )
         )
-    )
     shard_model(model, config, world)
     optimizer = make_optimizer(model, 1e-6, (0.9, 0.999), 0.01)
     gen = torch.Generator().manual_seed(1)
@@ -161,25 +179,103 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
         )
 
     step()  # the AdamW state now exists, as in every step of a run but the first
-    gc.collect()
-    libc.malloc_trim(0)
-    state = _rss_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
+    state = used()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    start = time.perf_counter()
     result = step()
-    peak = _rss_kib("VmHWM")
-    return {
-        "baseline_bytes": before * 1024,
-        "state_bytes": (state - before) * 1024,
-        "measured_bytes": (peak - before) * 1024,
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = _rss_kib("VmHWM") * 1024
+    out: dict[str, Any] = {
+        "baseline_bytes": before,
+        "state_bytes": state - before,
+        "measured_bytes": peak - before,
+        "step_s": time.perf_counter() - start,
+        "tokens": result.tokens,
         "micro_batches": result.micro_batches,
         "params": sum(p.numel() for p in model.parameters()),
     }
+    if cuda:
+        out["reserved_peak_bytes"] = torch.cuda.max_memory_reserved()
+        out["device_name"] = torch.cuda.get_device_name(world.device)
+        out["torch"] = torch.__version__
+    if shape.offload_cycle:
+        out["offload"] = _offload_cycle(model, optimizer, world.device, used, before, step)
+    return out
+
+
+def _offload_cycle(
+    model: Any, optimizer: Any, device: Any, used: Any, before: int, step: Any
+) -> dict[str, Any]:
+    """Two cycles of offload and onload (the first pays for pinning host memory), each checked
+    exact, then one more step; and the raw copy rates they compare with."""
+    import torch
+
+    from rstar2_trainer.training.offload import move_train_state
+
+    def checksum() -> list[float]:
+        with torch.no_grad():
+            tensors = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+            tensors += [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+            return [float(t.sum(dtype=torch.float64)) for t in tensors]
+
+    out: dict[str, Any] = {"copy_gb_per_s": _copy_rates(device)}
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the copy test's 4 GiB back to the device
+    kept = checksum()
+    for cycle in (1, 2):
+        away = move_train_state(model, optimizer, "cpu")
+        left = used() - before
+        back = move_train_state(model, optimizer, device)
+        out[f"cycle{cycle}"] = {
+            "offload_bytes": away["bytes"],
+            "offload_s": away["seconds"],
+            "offload_gb_per_s": away["bytes"] / away["seconds"] / 1e9,
+            "left_on_device_bytes": left,
+            "onload_s": back["seconds"],
+            "onload_gb_per_s": back["bytes"] / back["seconds"] / 1e9,
+            "exact": checksum() == kept,
+        }
+    out["loss_after_onload"] = step().loss  # FSDP2 still trains on the onloaded shards
+    return out
+
+
+def _copy_rates(device: Any, gib: int = 4) -> dict[str, float]:
+    """GB/s of one `gib`-GiB copy each way: pageable, pinned on the fly, pinned and reused."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return {}
+    x = torch.empty(gib << 28, dtype=torch.float32, device=device)  # [gib GiB / 4]
+    pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+
+    def rate(fn: Any) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return x.numel() * 4 / (time.perf_counter() - t) / 1e9
+
+    rates = {
+        "d2h_pageable": rate(lambda: x.to("cpu")),
+        "d2h_pinned_new": rate(lambda: x.to("cpu", non_blocking=True)),
+        "d2h_pinned_reused": rate(lambda: pinned.copy_(x, non_blocking=True)),
+        "h2d_pinned": rate(lambda: x.copy_(pinned, non_blocking=True)),
+    }
+    return rates
 
 
 def measure(shape: ProbeShape, *, timeout_s: float = 600.0) -> dict[str, Any]:
     """Run `shape` in a fresh process and return its measurement (see the module docstring)."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    if shape.expandable_segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     proc = subprocess.run(
         [sys.executable, "-m", "rstar2_trainer.training.memory_probe", shape.model_dump_json()],
         capture_output=True,
