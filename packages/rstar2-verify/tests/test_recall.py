@@ -2,7 +2,7 @@
 
 Several boxes that together are the answer, relations against bare values, assignments against
 tuples, sets with repeated members, expressions against their values, currency with thousands
-separators, base subscripts, percent in prose. The same cases are in `data/labelled.jsonl`
+separators, base subscripts, percent in prose, residues. The same cases are in `data/labelled.jsonl`
 (category `recall_*`), so `rstar2-verify check` scores them too.
 """
 
@@ -71,6 +71,17 @@ CASES = [
     ("percent", "The answer is 25 percent.", "25\\%", True),
     ("percent", "\\boxed{25 \\text{ percent}}", "25\\%", True),
     ("percent", "The answer is 25 percent.", "20\\%", False),
+    # a residue against its value, both ways; the modulus compared when both state one
+    ("residue", "\\boxed{x \\equiv 3 \\pmod{7}}", "3", True),
+    ("residue", "\\boxed{3}", "3 \\pmod{7}", True),
+    ("residue", "\\boxed{n \\equiv 5 \\pmod 12}", "5", True),
+    ("residue", "\\boxed{x \\equiv 3 \\ (\\mathrm{mod}\\ 7)}", "3", True),
+    ("residue", "\\boxed{x \\equiv 4 \\bmod 9}", "x \\equiv 4 \\pmod{9}", True),
+    ("residue", "\\boxed{x ≡ 2 (mod 5)}", "2", True),
+    ("residue", "\\boxed{x \\equiv 3 \\pmod{7}}", "4", False),
+    ("residue", "\\boxed{x \\equiv 3 \\pmod{7}}", "x \\equiv 3 \\pmod{5}", False),
+    ("residue", "\\boxed{17 \\bmod 5}", "17", False),
+    ("residue", "\\boxed{3 \\pmod{7}}", "10", False),
 ]
 
 

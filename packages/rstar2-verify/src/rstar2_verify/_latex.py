@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["UNIT_WORDS", "normalize", "repeating_to_fraction"]
+__all__ = ["UNIT_WORDS", "modulus", "normalize", "repeating_to_fraction"]
 
 _UNICODE = {
     "−": "-", "–": "-", "—": "-", "×": "\\times ", "·": "\\cdot ", "⋅": "\\cdot ", "÷": "\\div ",
@@ -25,7 +25,7 @@ _UNICODE = {
     "⅓": "\\frac{1}{3}", "⅔": "\\frac{2}{3}", "¼": "\\frac{1}{4}", "¾": "\\frac{3}{4}", "⅕": "\\frac{1}{5}", "⅖": "\\frac{2}{5}",
     "⅗": "\\frac{3}{5}", "⅘": "\\frac{4}{5}", "⅙": "\\frac{1}{6}", "⅚": "\\frac{5}{6}", "⅛": "\\frac{1}{8}", "⅜": "\\frac{3}{8}",
     "⅝": "\\frac{5}{8}", "⅞": "\\frac{7}{8}", "\u2009": " ", "\u00a0": " ", "\u202f": " ", "，": ",",
-    "（": "(", "）": ")", "：": ":", "≈": "\\approx ", "€": "", "£": "", "¥": "", "α": "\\alpha ", "β": "\\beta ", "θ": "\\theta ",
+    "（": "(", "）": ")", "：": ":", "≈": "\\approx ", "≡": "\\equiv ", "€": "", "£": "", "¥": "", "α": "\\alpha ", "β": "\\beta ", "θ": "\\theta ",
 }  # fmt: skip
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
@@ -225,6 +225,36 @@ _TRIG_DEGREES = re.compile(
 # 101_2, 1A_{16}: a numeral (a digit first) with a base subscript, read as its value
 _BASE = re.compile(r"(?<![\w.])(\d[0-9A-Z]*)_\{?(\d{1,2})\}?(?![\w.])")
 _LIMIT = re.compile(r"^\s*\\lim_\{[^{}]*\}[^=]*=")  # \lim_{x \to 0} f(x) = 2 states 2
+# A residue: `x \equiv 3 \pmod{7}`, `3 \pmod 7`, `x \equiv 3 (\mathrm{mod}\ 7)`, `x \equiv 3
+# \bmod 7`, read as its value (`x = 3`, `3`); `modulus` gives the 7, which the grader compares
+# apart. A bare `\bmod` / `\mod` counts only after an `\equiv` (else it is the operator).
+_MOD_WORD = r"(?:\\(?:mathrm|text|operatorname|textrm)\s*\{\s*mod\s*\}|\\b?mod(?![a-zA-Z])|mod)"
+_MODULUS = re.compile(
+    r"\s*(?:\\pmod\s*(?:\{([^{}]+)\}|(\w+))"
+    r"|\(\s*" + _MOD_WORD + r"\s*(?:\\[ ,;:]|~)?\s*([^()]+?)\s*\)"
+    r"|(?<=\S)\s*\\b?mod(?![a-zA-Z])\s*(?:\{([^{}]+)\}|(\w+)))\s*[.,;]?\s*$"
+)
+
+
+def modulus(s: str) -> str | None:
+    """The modulus a residue answer states (`x \\equiv 3 \\pmod{7}`: "7"), else None."""
+    s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], s)
+    match = _MODULUS.search(s)
+    if match is None:
+        return None
+    bare = match.group(4) is not None or match.group(5) is not None
+    if bare and "\\equiv" not in s[: match.start()]:  # a bare \bmod counts after \equiv only
+        return None
+    found = next(g for g in match.groups() if g is not None)
+    return re.sub(r"\s+|\\[ ,;:!]", "", found)
+
+
+def _residue(s: str) -> str:
+    if modulus(s) is None:
+        return s
+    return _MODULUS.sub("", s, count=1).replace("\\equiv", "=")
+
+
 _INVERSE = re.compile(r"(?<![a-zA-Z\\])([a-zA-Z])\^\{?-1\}?(?=\s*\()")  # f^{-1}(x): a name
 
 
@@ -250,6 +280,7 @@ def normalize(s: str) -> str:
     s = _TRIG_DEGREES.sub(_trig_degrees, s)
     s = _BASE.sub(_base, s)
     s = _LIMIT.sub("L =", s)
+    s = _residue(s)
     s = _INVERSE.sub(r"\1_{-1}", s)
     s = _approx(s)
     s = _THOUSANDS_GROUP.sub("", s)

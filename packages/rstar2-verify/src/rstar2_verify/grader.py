@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_verify._budget import DeadlineExceeded, deadline
-from rstar2_verify._latex import normalize
+from rstar2_verify._latex import modulus, normalize
 from rstar2_verify.compare import TooComplexError, exact_scalar, judge
 from rstar2_verify.config import VerifyConfig
 from rstar2_verify.expr import Node
@@ -125,6 +125,9 @@ def _prepare_unsafe(
         return done(False, "", "gold_too_long", *where[:1], gold_text[:200], where[1])
     if len(answer) > config.max_answer_chars:
         return done(False, "", "too_long", answer[:200], gold_text, where[1])
+    g_mod, a_mod = modulus(gold_text), modulus(answer)
+    if g_mod is not None and a_mod is not None and g_mod != a_mod:  # residues mod different m
+        return done(False, "", "modulus", answer, gold_text, where[1])
     g_norm, a_norm = normalize(gold_text), normalize(answer)
     if g_norm == a_norm or g_norm.replace(" ", "") == a_norm.replace(" ", ""):
         return done(True, "string", "", *where[:1], g_norm, where[1])
