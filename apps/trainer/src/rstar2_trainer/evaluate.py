@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 from rstar2_curriculum import Problem, generate_problems
 from rstar2_rollout import Collected, RolloutConfig, SamplingProtocol, collect
-from rstar2_trainer.config import EvalConfig
+from rstar2_trainer.config import EvalSettings
 from rstar2_trainer.stats import trajectory_stats
 
 if TYPE_CHECKING:
     from rstar2_trainer.placement.local import Parts
 
 
-def held_out_problems(config: EvalConfig, training: Sequence[Problem]) -> list[Problem]:
+def held_out_problems(config: EvalSettings, training: Sequence[Problem]) -> list[Problem]:
     """`config.problems` synthetic problems none of whose questions the run trains on."""
     seen = {p.question for p in training}
     size = config.problems * 2
