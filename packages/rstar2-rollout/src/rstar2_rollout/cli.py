@@ -37,13 +37,13 @@ from pydantic import BaseModel, ValidationError
 from rstar2_config import ConfigError, error_lines, mistakes
 from rstar2_rollout.config import (
     EngineConfig,
-    Policy,
     RolloutConfig,
     SchedulerConfig,
+    SchedulingPolicy,
     WorkerConfig,
 )
 
-POLICIES = [c.model_fields["kind"].default for c in get_args(get_args(Policy)[0])]
+POLICIES = [c.model_fields["kind"].default for c in get_args(get_args(SchedulingPolicy)[0])]
 
 
 class UsageError(Exception):

@@ -290,7 +290,9 @@ class ForecastPolicy(BaseModel):
     )
 
 
-Policy = Annotated[
+# How the scheduler picks an engine for each job, one config class per `kind`. (The model being
+# trained is the trainer's `Policy`; this one names no model.)
+SchedulingPolicy = Annotated[
     ForecastPolicy
     | KVAwarePolicy
     | KVProgressPolicy
@@ -307,7 +309,7 @@ class SchedulerConfig(BaseModel):
     """How trajectories are placed on engine replicas."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    policy: Policy = Field(
+    policy: SchedulingPolicy = Field(
         default_factory=LeastRequestsPolicy,
         description="The placement policy (least_requests: measured best overall, SCHEDULER.md).",
     )
