@@ -366,7 +366,7 @@ def _parser() -> argparse.ArgumentParser:
         "--policy",
         choices=POLICIES,
         default=SchedulerConfig().policy.kind,
-        help="placement policy (SCHEDULER.md); default: SchedulerConfig's",
+        help="scheduling policy (SCHEDULER.md); default: SchedulerConfig's",
     )
     serve.add_argument(
         "--kv-tokens", type=_positive_int, help="KV tokens assumed per engine that reports none"

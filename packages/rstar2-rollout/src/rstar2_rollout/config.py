@@ -306,12 +306,13 @@ SchedulingPolicy = Annotated[
 
 
 class SchedulerConfig(BaseModel):
-    """How trajectories are placed on engine replicas."""
+    """Configures the scheduler: which policy picks an engine for each trajectory, and when an
+    engine counts as dead."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     policy: SchedulingPolicy = Field(
         default_factory=LeastRequestsPolicy,
-        description="The placement policy (least_requests: measured best overall, SCHEDULER.md).",
+        description="Which engine each job gets and when it starts (least_requests: measured best overall, SCHEDULER.md).",
     )
     max_engine_errors: int = Field(
         default=3, gt=0, description="Consecutive generate errors that mark an engine dead."

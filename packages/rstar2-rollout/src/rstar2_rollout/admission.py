@@ -1,7 +1,10 @@
-"""Scheduling policies as objects: where a job goes, whether it may start, and its turns' gates.
+"""Admission: each scheduling policy as an object that decides which engine a job gets, whether it
+may start now, and whether each of its turns may run.
 
-Every policy of `SchedulerConfig.policy` becomes one `Placement` (`make_placement`), built once
-when the `Scheduler` is. The scheduler core keeps the queue, failures and the job lifecycle and
+(The trainer's `placement/` decides where services and engines run; this module decides nothing
+about processes, only which of the running engines takes a job.) Every policy of
+`SchedulerConfig.policy` becomes one `Admission` (`scheduler.make_admission`), built once when the
+`Scheduler` is. The scheduler core keeps the queue, failures and the job lifecycle and
 calls the same hooks whatever the policy:
 
 - `place(entry)`: an engine for the job at the head of the queue, `"wait"` (try again when
@@ -36,7 +39,7 @@ from rstar2_rollout.job import Job
 
 @dataclass(eq=False)
 class Slot:
-    """One engine as the scheduler core keeps it."""
+    """Holds what the scheduler core knows of one engine: whether it lives, its errors, its jobs."""
 
     engine: Engine
     index: int
@@ -48,7 +51,8 @@ class Slot:
 
 @dataclass(eq=False)
 class Entry:
-    """A submitted job: its index, its future, and its place in the batch it came with."""
+    """Holds a submitted job with its index, the future its result goes to, and its position in
+    the batch it came with."""
 
     index: int
     job: Job[Any]
@@ -68,8 +72,9 @@ class Pool(Protocol):
     def schedule_recheck(self) -> None: ...
 
 
-class Placement:
-    """A policy with every hook at its neutral value: jobs go where `place` says, turns run."""
+class Admission:
+    """Decides for the scheduler which engine takes each job and when; every hook here is at its
+    neutral value (jobs go where `place` says, turns run at once), and subclasses override some."""
 
     recheck_interval_s: float | None = None
 
@@ -127,7 +132,7 @@ class Placement:
         """The recheck timer fired: the engines moved on."""
 
 
-class LeastRequests(Placement):
+class LeastRequests(Admission):
     """verl v0.5's dispatch (the default): the engine running the fewest jobs, sticky for the
     job's life; with `max_running_per_engine`, AReaL's cap (the job waits)."""
 
@@ -143,7 +148,7 @@ class LeastRequests(Placement):
         return "wait" if self.cap is not None and len(slot.running) >= self.cap else slot
 
 
-class KVAware(Placement):
+class KVAware(Admission):
     """rStar2-Agent's rule as written: prompt + max response must fit the engine's headroom."""
 
     def __init__(self, pool: Pool, policy: KVAwarePolicy) -> None:
