@@ -47,7 +47,7 @@ from rstar2_rollout import (
     RolloutSampling,
     SamplingParams,
     VLLMEngineConfig,
-    one_engine_worker,
+    one_engine_service,
 )
 from rstar2_rollout.engines.vllm import VLLMEngine
 from rstar2_sandbox import (
@@ -184,12 +184,12 @@ async def bench(args: argparse.Namespace, model: str) -> dict[str, Any]:
     sampling = RolloutSampling.of(config, config.n)
 
     async def run_all() -> list[Any]:
-        """`config.n` trajectories per problem through the rollout worker over the recorder."""
-        worker = one_engine_worker(recorder, sandbox, tokenizer, config)
+        """`config.n` trajectories per problem through the rollout service over the recorder."""
+        service = one_engine_service(recorder, sandbox, tokenizer, config)
         try:
-            return [r.trajectory async for r in worker.generate(problems, sampling)]
+            return [r.trajectory async for r in service.generate(problems, sampling)]
         finally:
-            await worker.scheduler.close()
+            await service.scheduler.close()
 
     async def loop_run(playing: bool) -> tuple[float, int, list[Any]]:
         recorder.calls.clear()

@@ -12,7 +12,7 @@ from rstar2_rollout import (
     RolloutConfig,
     RolloutSampling,
     collect,
-    one_engine_worker,
+    one_engine_service,
     render_call,
     run_agent,
 )
@@ -234,16 +234,16 @@ def test_a_slow_tool_never_stalls_other_trajectories(runner, sandbox, tokenizer,
     finished: dict[str, float] = {}
 
     async def main() -> None:
-        worker = one_engine_worker(model, sandbox, tokenizer, cfg)
+        service = one_engine_service(model, sandbox, tokenizer, cfg)
         problems = [Problem(name, "q") for name in scripts]
         started = time.perf_counter()
         try:
-            async for result in worker.generate(problems, RolloutSampling.of(cfg, 1)):
+            async for result in service.generate(problems, RolloutSampling.of(cfg, 1)):
                 traj = result.trajectory
                 finished[traj.group_id] = time.perf_counter() - started
                 assert traj.finish_reason == "answered", traj
         finally:
-            await worker.scheduler.close()
+            await service.scheduler.close()
 
     runner.run(main())
     assert finished["slow"] >= 3.0
@@ -268,12 +268,12 @@ def test_collect_grades_every_trajectory_and_returns_them_by_problem(
     scripts = {"a": [ANSWER], "b": [CALL, ANSWER], "c": [" I give up.</reason>"]}
     model = scripted(tokenizer, scripts)
     cfg = RolloutConfig(temperature=0)
-    worker = one_engine_worker(model, sandbox, tokenizer, cfg)
+    service = one_engine_service(model, sandbox, tokenizer, cfg)
     grader, graded = AnswerIs42(), []
     problems = [Problem("a", "q"), Problem("b", "q"), Problem("c", "q")]
     collected = runner.run(
         collect(
-            worker,
+            service,
             grader,
             problems,
             3,
@@ -281,7 +281,7 @@ def test_collect_grades_every_trajectory_and_returns_them_by_problem(
             on_graded=lambda p, t, grade: graded.append((p.id, t.sample_index, grade)),
         )
     )
-    runner.run(worker.scheduler.close())
+    runner.run(service.scheduler.close())
     assert [(t.group_id, t.sample_index) for t in collected.trajectories] == [
         (p.id, i) for p in problems for i in range(3)
     ]

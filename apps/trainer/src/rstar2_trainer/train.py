@@ -13,7 +13,7 @@ The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.trai
 FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weights from the
 start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
 writes the policy folder. The engines load the model folder themselves, so nothing is pushed
-before SFT (remote rollout workers, which loaded their own copy, get the policy's weights
+before SFT (remote rollout services, which loaded their own copy, get the policy's weights
 first). Trajectories come from `parts.source` (local engines or remote workers) through one
 `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.

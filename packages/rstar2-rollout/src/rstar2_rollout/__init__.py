@@ -27,11 +27,11 @@ from rstar2_rollout.config import (
     LeastTokensPolicy,
     OpenAIEngineConfig,
     PowerOfTwoPolicy,
+    RequestLimits,
     RolloutConfig,
     SchedulerConfig,
     StaticPolicy,
     VLLMEngineConfig,
-    WorkerConfig,
 )
 from rstar2_rollout.engine import (
     Engine,
@@ -48,16 +48,16 @@ from rstar2_rollout.loop import Problem, ProblemLike, derive_seed, format_tool_r
 from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
+from rstar2_rollout.service import (
+    RolloutResult,
+    RolloutSampling,
+    RolloutService,
+    agent_producer,
+    one_engine_service,
+)
 from rstar2_rollout.toolcall import ParsedTurn, ToolCallRequest, parse_turn, render_call
 from rstar2_rollout.trajectory import FinishReason, Timings, ToolCallRecord, ToolOutcome, Trajectory
 from rstar2_rollout.weights import InvalidWeights, WeightSpec
-from rstar2_rollout.worker import (
-    RolloutSampling,
-    RolloutWorker,
-    WorkerResult,
-    agent_producer,
-    one_engine_worker,
-)
 
 __all__ = [
     "PYTHON_TOOL",
@@ -88,12 +88,14 @@ __all__ = [
     "Problem",
     "ProblemLike",
     "ProgressEngine",
+    "RequestLimits",
     "RewardConfig",
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
+    "RolloutResult",
     "RolloutSampling",
-    "RolloutWorker",
+    "RolloutService",
     "SampleSource",
     "SamplingParams",
     "SamplingProtocol",
@@ -111,15 +113,13 @@ __all__ = [
     "VLLMEngineConfig",
     "WeightSpec",
     "WeightUpdate",
-    "WorkerConfig",
-    "WorkerResult",
     "agent_producer",
     "build_engine",
     "collect",
     "derive_seed",
     "encode_conversation",
     "format_tool_result",
-    "one_engine_worker",
+    "one_engine_service",
     "parse_turn",
     "render_call",
     "run_agent",

@@ -5,7 +5,7 @@ curriculum's label check all call `collect`; an accuracy one of them reports is 
 others would, because it is the same function.
 
 - A `TrajectorySource` turns problems and a `RolloutSampling` into finished trajectories in the
-  order they finish: `RolloutWorker` in this process, or anything with its `generate` (the
+  order they finish: `RolloutService` in this process, or anything with its `generate` (the
   trainer's remote workers). Chosen (problem, sample index) pairs, e.g. a resumed evaluation's
   missing ones, need a source that also has `generate_samples` (`SampleSource`).
 - The `Grader` is passed in (rstar2-verify's `Scorer` is the one used): `score(problem, traj)`
@@ -30,8 +30,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from rstar2_rollout.config import RolloutConfig
 from rstar2_rollout.loop import Problem, ProblemLike
+from rstar2_rollout.service import RolloutResult, RolloutSampling
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_rollout.worker import RolloutSampling, WorkerResult
 
 __all__ = [
     "Collected",
@@ -51,7 +51,7 @@ class TrajectorySource(Protocol):
 
     def generate(
         self, problems: Sequence[Problem], sampling: RolloutSampling
-    ) -> AsyncIterator[WorkerResult]: ...
+    ) -> AsyncIterator[RolloutResult]: ...
 
 
 @runtime_checkable
@@ -60,11 +60,11 @@ class SampleSource(Protocol):
 
     def generate(
         self, problems: Sequence[Problem], sampling: RolloutSampling
-    ) -> AsyncIterator[WorkerResult]: ...
+    ) -> AsyncIterator[RolloutResult]: ...
 
     def generate_samples(
         self, samples: Sequence[tuple[Problem, int]], sampling: RolloutSampling
-    ) -> AsyncIterator[WorkerResult]: ...
+    ) -> AsyncIterator[RolloutResult]: ...
 
 
 class Grader(Protocol[P_contra]):

@@ -322,11 +322,11 @@ class SchedulerConfig(BaseModel):
     )
 
 
-# ---------------------------------------------------------------- the worker
+# ---------------------------------------------------------------- request limits
 
 
-class WorkerConfig(BaseModel):
-    """Defaults and limits of one rollout worker."""
+class RequestLimits(BaseModel):
+    """Sets what a rollout service fills in and accepts when a request leaves a setting at 0."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     max_response_tokens: int = Field(

@@ -1,7 +1,7 @@
 """The agent loop: generate a turn, run its tool call in the sandbox, append the result, repeat.
 
 `run_agent` produces one `Trajectory` for one problem; many run at once on one event loop (the
-rollout worker's scheduler places them, `collect` grades them). Everything is asyncio: while one
+rollout service's scheduler places them, `collect` grades them). Everything is asyncio: while one
 trajectory waits on its tool call (or on the engine), the others keep generating, and there is
 no per-turn barrier between trajectories.
 
