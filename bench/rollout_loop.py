@@ -42,9 +42,9 @@ from rstar2_rollout import (
     Engine,
     Generation,
     KVCapacity,
-    Problem,
     RolloutConfig,
     RolloutSampling,
+    RolloutTask,
     SamplingParams,
     VLLMEngineConfig,
     one_engine_service,
@@ -173,12 +173,13 @@ async def bench(args: argparse.Namespace, model: str) -> dict[str, Any]:
         from rstar2_curriculum import generate_problems
 
         problems = [
-            Problem(p.id, p.question)
+            RolloutTask(p.id, p.question)
             for p in generate_problems(count, seed=args.seed, difficulty=1)
         ]
     else:
         problems = [
-            Problem(f"p{i}", f"What is the sum of the first {i + 10} primes?") for i in range(count)
+            RolloutTask(f"p{i}", f"What is the sum of the first {i + 10} primes?")
+            for i in range(count)
         ]
     recorder = Recorder(engine)
     sampling = RolloutSampling.of(config, config.n)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_rollout import Problem, RolloutClient, RolloutSampling
+from rstar2_rollout import RolloutClient, RolloutSampling, RolloutTask
 from rstar2_trainer.config import ConfigError, load_config
 from rstar2_trainer.rundir import read_metrics
 
@@ -81,7 +81,9 @@ def _greedy(address: str) -> list[int]:
     async def main() -> list[int]:
         async with RolloutClient(address) as client:
             sampling = RolloutSampling(n=1, temperature=0.0, max_response_tokens=32, max_turns=1)
-            (r,) = [r async for r in client.generate([Problem("x", "What is 3 + 4?")], sampling)]
+            (r,) = [
+                r async for r in client.generate([RolloutTask("x", "What is 3 + 4?")], sampling)
+            ]
             return r.trajectory.response_ids
 
     return asyncio.run(main())

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rstar2_proto.auth import DENIED, InsecureBindError, write_token_file
-from rstar2_rollout import Problem, RolloutClient, RolloutError, RolloutSampling
+from rstar2_rollout import RolloutClient, RolloutError, RolloutSampling, RolloutTask
 from rstar2_rollout.engine import Engine, SamplingParams
 from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
@@ -34,10 +34,10 @@ FAST = EngineModel(
     kv_tokens=4_000, base_step_s=1e-4, per_request_step_s=0.0, per_kv_token_step_s=0.0
 )
 SPEC = WeightSpec({"w": TensorInfo("F32", (256, 256)), "b": TensorInfo("BF16", (256,))})
-PROBLEM = [Problem("p", "What is 1 + 1?")]
+PROBLEM = [RolloutTask("p", "What is 1 + 1?")]
 
 
-async def _produce(problem: Problem, index: int, engine: Engine, sampling: Any) -> Trajectory:
+async def _produce(problem: RolloutTask, index: int, engine: Engine, sampling: Any) -> Trajectory:
     traj = Trajectory(group_id=problem.id, sample_index=index, prompt_ids=[1, 2, 3])
     out = await engine.generate(traj.prompt_ids, SamplingParams(max_tokens=4), f"{problem.id}")
     traj.append(out.token_ids, sampled=True, logprobs=out.logprobs)

@@ -14,7 +14,7 @@ import pytest
 from rstar2_rollout.client import RolloutClient, RolloutError
 from rstar2_rollout.config import KVAwarePolicy, KVProgressPolicy, SchedulerConfig
 from rstar2_rollout.engine import Engine, SamplingParams
-from rstar2_rollout.loop import Problem
+from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import start_server
@@ -25,15 +25,15 @@ FAST = EngineModel(
     kv_tokens=4_000, base_step_s=1e-4, per_request_step_s=0.0, per_kv_token_step_s=0.0
 )
 TOOL_S = 0.05
-PROBLEMS = [Problem(f"q{i}", f"What is {i} + {i}?") for i in range(3)]
+PROBLEMS = [RolloutTask(f"q{i}", f"What is {i} + {i}?") for i in range(3)]
 
 
-def prompt_ids(problem: Problem) -> list[int]:
+def prompt_ids(problem: RolloutTask) -> list[int]:
     return list(problem.question.encode())
 
 
 async def produce(
-    problem: Problem, index: int, engine: Engine, sampling: RolloutSampling
+    problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
 ) -> Trajectory:
     """A scripted agent: 1 + index % 3 turns of generation with a tool call between turns."""
     loop = asyncio.get_running_loop()
@@ -229,7 +229,7 @@ def test_real_engines_agent_loop_and_sandbox_behind_the_worker(
     engines = [HFEngine(model, tokenizer, name=f"hf-{i}") for i in range(2)]
     produce, prompt_tokens = agent_producer(sandbox, tokenizer, RolloutConfig())
     # transformers reports no KV cache: say what each engine may hold (two trajectories here)
-    problems = [Problem("a", "What is 6*7?"), Problem("b", "Sum 1..10?")]
+    problems = [RolloutTask("a", "What is 6*7?"), RolloutTask("b", "Sum 1..10?")]
     longest = max(prompt_tokens(p) for p in problems)
     config = SchedulerConfig(policy=KVAwarePolicy(kv_tokens_fallback=2 * (longest + 24)))
 

@@ -44,7 +44,7 @@ from rstar2_rollout.engine import (
     StreamingEngine,
 )
 from rstar2_rollout.engines import build_engine
-from rstar2_rollout.loop import Problem, ProblemLike, derive_seed, format_tool_result, run_agent
+from rstar2_rollout.loop import ProblemLike, RolloutTask, derive_seed, format_tool_result, run_agent
 from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
@@ -85,7 +85,6 @@ __all__ = [
     "OpenAIEngineConfig",
     "ParsedTurn",
     "PowerOfTwoPolicy",
-    "Problem",
     "ProblemLike",
     "ProgressEngine",
     "RequestLimits",
@@ -96,6 +95,7 @@ __all__ = [
     "RolloutResult",
     "RolloutSampling",
     "RolloutService",
+    "RolloutTask",
     "SampleSource",
     "SamplingParams",
     "SamplingProtocol",

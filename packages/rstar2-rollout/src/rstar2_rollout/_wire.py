@@ -2,7 +2,7 @@
 
 Only this module, `server.py` and `client.py` touch generated classes. Enums map by name
 (`FINISH_REASON_MAX_LENGTH` <-> "max_length"); an unknown or unspecified wire value decodes to
-"error" so a newer server never crashes an older client. `Problem.answer` is not sent: the service
+"error" so a newer server never crashes an older client. A problem's answer is not sent: the service
 does not grade. Not carried: a tool call's sandbox status (its outcome is) and the reward.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_rollout.engine import KVCapacity
-from rstar2_rollout.loop import Problem
+from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.scheduler import EngineStatus
 from rstar2_rollout.service import RolloutResult, RolloutSampling
 from rstar2_rollout.trajectory import (
@@ -39,7 +39,7 @@ _OUTCOME_BACK: dict[int, ToolOutcome] = {v: k for k, v in OUTCOME.items()}
 
 
 def encode_request(
-    problems: list[Problem], sampling: RolloutSampling, request_id: str = ""
+    problems: list[RolloutTask], sampling: RolloutSampling, request_id: str = ""
 ) -> pb.RolloutRequest:
     return pb.RolloutRequest(
         problems=[pb.Problem(id=p.id, question=p.question) for p in problems],
@@ -62,7 +62,7 @@ def encode_request(
     )
 
 
-def decode_request(msg: pb.RolloutRequest) -> tuple[list[Problem], RolloutSampling]:
+def decode_request(msg: pb.RolloutRequest) -> tuple[list[RolloutTask], RolloutSampling]:
     s = msg.sampling
     sampling = RolloutSampling(
         n=s.n,
@@ -79,7 +79,7 @@ def decode_request(msg: pb.RolloutRequest) -> tuple[list[Problem], RolloutSampli
         tool_timeout_s=_optional(s, "tool_timeout_s"),
         system_prompt=s.system_prompt,
     )
-    return [Problem(p.id, p.question) for p in msg.problems], sampling
+    return [RolloutTask(p.id, p.question) for p in msg.problems], sampling
 
 
 def _optional(msg: pb.SamplingParams, field: str):

@@ -25,7 +25,7 @@ from rstar2_proto.auth import open_channel
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rstar2_rollout import _wire
-from rstar2_rollout.loop import Problem
+from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.scheduler import EngineStatus
 from rstar2_rollout.server import MAX_MESSAGE_BYTES
 from rstar2_rollout.service import RolloutResult, RolloutSampling
@@ -78,7 +78,7 @@ class RolloutClient:
         self._stub = pb_grpc.RolloutServiceStub(self._channel)
 
     async def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling, request_id: str = ""
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling, request_id: str = ""
     ) -> AsyncGenerator[RolloutResult, None]:
         """Yield results (trajectory, engine, queued_s) in completion order; leaving early cancels
         the rest on the service."""

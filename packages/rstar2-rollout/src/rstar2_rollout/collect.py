@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from rstar2_rollout.config import RolloutConfig
-from rstar2_rollout.loop import Problem, ProblemLike
+from rstar2_rollout.loop import ProblemLike, RolloutTask
 from rstar2_rollout.service import RolloutResult, RolloutSampling
 from rstar2_rollout.trajectory import Trajectory
 
@@ -50,7 +50,7 @@ class TrajectorySource(Protocol):
     """Where trajectories come from: `sampling.n` per problem, yielded as each finishes."""
 
     def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
     ) -> AsyncIterator[RolloutResult]: ...
 
 
@@ -59,11 +59,11 @@ class SampleSource(Protocol):
     """A source that can also roll out chosen (problem, sample index) pairs."""
 
     def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
     ) -> AsyncIterator[RolloutResult]: ...
 
     def generate_samples(
-        self, samples: Sequence[tuple[Problem, int]], sampling: RolloutSampling
+        self, samples: Sequence[tuple[RolloutTask, int]], sampling: RolloutSampling
     ) -> AsyncIterator[RolloutResult]: ...
 
 
@@ -148,7 +148,7 @@ async def collect(
         return Collected(problems=list(problems), trajectories=[])
     by_id = {p.id: p for p in problems}
     sampling = RolloutSampling.of(config, n)
-    asked = {p.id: Problem(p.id, p.question) for p in problems}
+    asked = {p.id: RolloutTask(p.id, p.question) for p in problems}
     if not chosen:
         stream = source.generate(list(asked.values()), sampling)
     elif isinstance(source, SampleSource):

@@ -44,7 +44,7 @@ from rstar2_sandbox import ExecutionRequest, ExecutionResult, ExecutionStatus, S
 
 
 class ProblemLike(Protocol):
-    """What the loop needs of a problem: an id (the group) and the question text."""
+    """Declares what the loop needs of a problem: an id (the group) and the question text."""
 
     @property
     def id(self) -> str: ...
@@ -54,8 +54,12 @@ class ProblemLike(Protocol):
 
 
 @dataclass(frozen=True)
-class Problem:
-    """A problem to roll out."""
+class RolloutTask:
+    """Names one question for the agent loop to answer; `id` groups its samples.
+
+    It carries no answer, because rollout does not grade: `collect` turns any `ProblemLike` (the
+    curriculum's `Problem`, say) into one, and the rollout service receives these over the wire.
+    """
 
     id: str
     question: str

@@ -37,7 +37,7 @@ from rstar2_rollout.config import (
     SchedulerConfig,
 )
 from rstar2_rollout.engine import Engine
-from rstar2_rollout.loop import Problem, run_agent
+from rstar2_rollout.loop import RolloutTask, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, Scheduler
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_rollout.weights import TensorInfo, WeightSpec
@@ -123,12 +123,12 @@ class RolloutResult:
     queued_s: float
 
 
-Produce = Callable[[Problem, int, Engine, RolloutSampling], Awaitable[Trajectory]]
+Produce = Callable[[RolloutTask, int, Engine, RolloutSampling], Awaitable[Trajectory]]
 
 
 def agent_producer(
     sandbox: Sandbox, tokenizer: Tokenizer | ChatFormat, base: RolloutConfig
-) -> tuple[Produce, Callable[[Problem], int]]:
+) -> tuple[Produce, Callable[[RolloutTask], int]]:
     """`produce` over the agent loop (`run_agent`) and the prompt-length function it implies.
 
     A request's settings override `base` (`RolloutSampling.apply`); the rest (the system prompt)
@@ -141,7 +141,7 @@ def agent_producer(
     )
 
     async def produce(
-        problem: Problem, index: int, engine: Engine, sampling: RolloutSampling
+        problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
     ) -> Trajectory:
         config = sampling.apply(base)
         return await run_agent(engine, sandbox, fmt, problem, config, sample_index=index)
@@ -190,7 +190,7 @@ class RolloutService:
         self,
         scheduler: Scheduler[Trajectory],
         produce: Produce,
-        prompt_tokens: Callable[[Problem], int],
+        prompt_tokens: Callable[[RolloutTask], int],
         config: RequestLimits | None = None,
         engines: Sequence[Engine] = (),
         weights: WeightSpec | None = None,
@@ -210,7 +210,7 @@ class RolloutService:
         self._updates = 0  # updates waiting or running: new generations wait behind them
         self._loading: asyncio.Lock | None = None  # one update at a time
 
-    def check(self, problems: Sequence[Problem], sampling: RolloutSampling) -> RolloutSampling:
+    def check(self, problems: Sequence[RolloutTask], sampling: RolloutSampling) -> RolloutSampling:
         """Validate a request and fill its defaults; raise InvalidRolloutRequest/NoHealthyEngine."""
         if not problems:
             raise InvalidRolloutRequest("no problems in the request")
@@ -267,7 +267,7 @@ class RolloutService:
         return resolved
 
     async def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
     ) -> AsyncGenerator[RolloutResult, None]:
         """Yield one result per (problem, sample) as each finishes; closing early cancels the rest."""
         samples = [(p, i) for p in problems for i in range(max(sampling.n, 0))]
@@ -276,10 +276,10 @@ class RolloutService:
 
     async def generate_samples(
         self,
-        samples: Sequence[tuple[Problem, int]],
+        samples: Sequence[tuple[RolloutTask, int]],
         sampling: RolloutSampling,
         *,
-        problems: Sequence[Problem] | None = None,
+        problems: Sequence[RolloutTask] | None = None,
     ) -> AsyncGenerator[RolloutResult, None]:
         """`generate` for chosen (problem, sample index) pairs (a resumed evaluation's missing
         ones): the index, not the position, seeds a sample."""
@@ -299,7 +299,7 @@ class RolloutService:
                 gate.notify_all()
 
     async def _generate(
-        self, samples: Sequence[tuple[Problem, int]], resolved: RolloutSampling
+        self, samples: Sequence[tuple[RolloutTask, int]], resolved: RolloutSampling
     ) -> AsyncGenerator[RolloutResult, None]:
         jobs: list[Job[Trajectory]] = []
         for problem, i in samples:

@@ -31,8 +31,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rstar2_rollout import Problem as RolloutProblem
-from rstar2_rollout import RolloutClient, RolloutError, RolloutResult, RolloutSampling
+from rstar2_rollout import RolloutClient, RolloutError, RolloutResult, RolloutSampling, RolloutTask
 from rstar2_rollout.weights import to_safetensors
 from rstar2_trainer.placement.config import RemoteRolloutConfig
 from rstar2_trainer.placement.servers import ServerError, read_service_token
@@ -81,7 +80,7 @@ class RemoteServices:
         return cls(services, config, prompt_ids)
 
     async def generate(
-        self, problems: Sequence[RolloutProblem], sampling: RolloutSampling
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
     ) -> AsyncIterator[RolloutResult]:
         """Every problem's `sampling.n` trajectories, from whichever service has room first."""
         queue = collections.deque(problems)
@@ -89,7 +88,7 @@ class RemoteServices:
         checked: set[str] = set()
         self.dispatched = {w.address: 0 for w in self.services}
 
-        async def one(service: RemoteService, problem: RolloutProblem) -> None:
+        async def one(service: RemoteService, problem: RolloutTask) -> None:
             try:
                 async for result in service.client.generate([problem], sampling):
                     traj = result.trajectory
@@ -129,9 +128,7 @@ class RemoteServices:
             feeders.cancel()
             await asyncio.gather(feeders, return_exceptions=True)
 
-    def _check_prompt(
-        self, problem: RolloutProblem, got: list[int], service: RemoteService
-    ) -> None:
+    def _check_prompt(self, problem: RolloutTask, got: list[int], service: RemoteService) -> None:
         if self.prompt_ids is None:
             return
         expected = self.prompt_ids(problem.question)
