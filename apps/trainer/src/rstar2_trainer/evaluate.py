@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def held_out_problems(config: EvalSettings, training: Sequence[Problem]) -> list[Problem]:
-    """`config.problems` synthetic problems none of whose questions the run trains on."""
+    """Draws `config.problems` synthetic problems none of whose questions the run trains on."""
     seen = {p.question for p in training}
     size = config.problems * 2
     while True:  # a larger pool when training already holds most small problems

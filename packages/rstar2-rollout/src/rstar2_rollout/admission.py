@@ -62,7 +62,8 @@ class Entry:
 
 
 class Pool(Protocol):
-    """What a policy sees of the scheduler: the engines and two ways to ask for another look."""
+    """Shows a policy what it may use of the scheduler: the engines, their capacity, and two ways
+    to ask for another look."""
 
     slots: list[Slot]
 
@@ -107,7 +108,7 @@ class Admission:
         )
 
     def reserved(self, slot: Slot) -> int:
-        """KV tokens the policy counts as promised on this engine (reported in `status`)."""
+        """Returns the KV tokens the policy counts as promised on this engine (reported in `status`)."""
         return 0
 
     def on_start(self, entry: Entry, slot: Slot) -> None:
@@ -133,8 +134,8 @@ class Admission:
 
 
 class LeastRequests(Admission):
-    """verl v0.5's dispatch (the default): the engine running the fewest jobs, sticky for the
-    job's life; with `max_running_per_engine`, AReaL's cap (the job waits)."""
+    """Sends each job to the engine running the fewest jobs, where it stays for its life (verl
+    v0.5's dispatch, the default); with `max_running_per_engine`, a job waits at AReaL's cap."""
 
     def __init__(self, pool: Pool, policy: LeastRequestsPolicy) -> None:
         super().__init__(pool)
@@ -149,7 +150,8 @@ class LeastRequests(Admission):
 
 
 class KVAware(Admission):
-    """rStar2-Agent's rule as written: prompt + max response must fit the engine's headroom."""
+    """Admits a job only to an engine whose headroom holds its prompt + max response tokens
+    (rStar2-Agent's rule as written)."""
 
     def __init__(self, pool: Pool, policy: KVAwarePolicy) -> None:
         super().__init__(pool)

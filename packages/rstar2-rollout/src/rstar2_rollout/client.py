@@ -50,7 +50,7 @@ class ServiceInfo:
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """One weight update as the service saw it, plus the sender's own wall time."""
+    """Reports one weight update as the service saw it, plus the sender's own wall time."""
 
     tensors: int
     bytes: int
@@ -61,7 +61,7 @@ class WeightUpdate:
 
 
 class RolloutClient:
-    """An async client of one rollout service."""
+    """Talks to one rollout service over rollout.v1, asynchronously."""
 
     def __init__(
         self, target: str, *, token: str | None = None, root_certificates: bytes | None = None

@@ -66,13 +66,13 @@ class RolloutTask:
 
 
 def derive_seed(seed: int, *parts: object) -> int:
-    """A 31-bit seed from the run seed and (problem id, sample index, turn, ...)."""
+    """Derives a 31-bit seed from the run seed and (problem id, sample index, turn, ...)."""
     text = "/".join(str(p) for p in (seed, *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 33
 
 
 def format_tool_result(result: ExecutionResult) -> str:
-    """The text the model reads for one executed call (the paper's response types)."""
+    """Formats the text the model reads for one executed call (the paper's response types)."""
     status = result.status
     if status in (ExecutionStatus.OK, ExecutionStatus.OUTPUT_TRUNCATED):
         text = result.stdout or result.result_repr

@@ -48,7 +48,7 @@ _DRAIN_S = 30.0  # how long a refused weight stream is read (and dropped) to its
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
-    """Decode, call the service, encode."""
+    """Decodes each RPC, calls the service and encodes its answer."""
 
     def __init__(self, service: RolloutService) -> None:
         self._service = service
@@ -133,7 +133,7 @@ async def _drop(requests: AsyncIterator[pb.WeightChunk]) -> None:
 
 @dataclass
 class RolloutServer:
-    """A bound (then started) server and the port it bound."""
+    """Holds a bound (then started) gRPC server and the port it bound."""
 
     server: grpc.aio.Server
     port: int

@@ -46,7 +46,7 @@ from rstar2_sandbox import Sandbox
 
 @dataclass(frozen=True)
 class RolloutSampling:
-    """Settings of one request; 0 for max_response_tokens / max_turns means the service's default,
+    """Carries the settings of one request; 0 for max_response_tokens / max_turns means the service's default,
     None for an agent-loop setting keeps the service's own (its `RolloutConfig`).
 
     `of(config, n)` carries every setting of a `RolloutConfig` that shapes a trajectory, so a
@@ -69,7 +69,7 @@ class RolloutSampling:
 
     @classmethod
     def of(cls, config: RolloutConfig, n: int) -> RolloutSampling:
-        """Every trajectory-shaping setting of `config`, for `n` samples per problem."""
+        """Copies every trajectory-shaping setting of `config`, for `n` samples per problem."""
         return cls(
             n=n,
             temperature=config.temperature,
@@ -87,7 +87,7 @@ class RolloutSampling:
         )
 
     def apply(self, base: RolloutConfig) -> RolloutConfig:
-        """`base` with this request's settings (defaults already filled by the service)."""
+        """Returns `base` with this request's settings (defaults already filled by the service)."""
         update: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -115,7 +115,7 @@ _LOOP_SETTINGS = (
 
 @dataclass(frozen=True)
 class RolloutResult:
-    """One finished job: its trajectory (finish_reason "error" when the job failed), the engine
+    """Reports one finished job: its trajectory (finish_reason "error" when the job failed), the engine
     that ran it, and how long it waited for one."""
 
     trajectory: Trajectory
@@ -176,7 +176,7 @@ class WeightsUnsupported(RuntimeError):
 
 @dataclass(frozen=True)
 class WeightLoad:
-    """What one weight update did: tensors loaded, into which engines, in how many seconds."""
+    """Reports what one weight update did: tensors loaded, into which engines, in how long."""
 
     tensors: int
     engines: list[str]
@@ -334,7 +334,7 @@ class RolloutService:
         self.weights.check(payload)
 
     def max_weight_bytes(self) -> int:
-        """The largest weight update accepted (the model's own size, see
+        """Returns the largest weight update accepted (the model's own size, see
         `WeightSpec.max_payload_bytes`); WeightsUnsupported when this service takes none."""
         if not self.engines:
             raise WeightsUnsupported("this service was given no engines to update")
