@@ -14,7 +14,7 @@ FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weigh
 start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
 writes the policy folder. The engines load the model folder themselves, so nothing is pushed
 before SFT (remote rollout services, which loaded their own copy, get the policy's weights
-first). Trajectories come from `parts.source` (local engines or remote workers) through one
+first). Trajectories come from `parts.source` (local engines or remote rollout services) through one
 `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
@@ -202,7 +202,7 @@ async def start(run: Run, traces: list) -> None:
     if config.init is not None:
         await start_from_origin(run)
         return
-    if parts.remote is not None:  # remote workers loaded a model of their own
+    if parts.remote is not None:  # remote rollout services loaded a model of their own
         await run.policy.sync(parts)
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
