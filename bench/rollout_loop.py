@@ -42,12 +42,12 @@ from rstar2_rollout import (
     Engine,
     Generation,
     KVCapacity,
-    Problem,
     RolloutConfig,
     RolloutSampling,
+    RolloutTask,
     SamplingParams,
     VLLMEngineConfig,
-    one_engine_worker,
+    one_engine_service,
 )
 from rstar2_rollout.engines.vllm import VLLMEngine
 from rstar2_sandbox import (
@@ -173,23 +173,24 @@ async def bench(args: argparse.Namespace, model: str) -> dict[str, Any]:
         from rstar2_curriculum import generate_problems
 
         problems = [
-            Problem(p.id, p.question)
+            RolloutTask(p.id, p.question)
             for p in generate_problems(count, seed=args.seed, difficulty=1)
         ]
     else:
         problems = [
-            Problem(f"p{i}", f"What is the sum of the first {i + 10} primes?") for i in range(count)
+            RolloutTask(f"p{i}", f"What is the sum of the first {i + 10} primes?")
+            for i in range(count)
         ]
     recorder = Recorder(engine)
     sampling = RolloutSampling.of(config, config.n)
 
     async def run_all() -> list[Any]:
-        """`config.n` trajectories per problem through the rollout worker over the recorder."""
-        worker = one_engine_worker(recorder, sandbox, tokenizer, config)
+        """`config.n` trajectories per problem through the rollout service over the recorder."""
+        service = one_engine_service(recorder, sandbox, tokenizer, config)
         try:
-            return [r.trajectory async for r in worker.generate(problems, sampling)]
+            return [r.trajectory async for r in service.generate(problems, sampling)]
         finally:
-            await worker.scheduler.close()
+            await service.scheduler.close()
 
     async def loop_run(playing: bool) -> tuple[float, int, list[Any]]:
         recorder.calls.clear()

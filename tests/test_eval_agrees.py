@@ -2,7 +2,7 @@
 
 Both call `rstar2_rollout.collect` with rstar2-verify's `Scorer` under one `SamplingProtocol`;
 the trainer prints that protocol as rstar2-eval settings (`final_eval_command`). Here the tiny
-recipe's held-out evaluation runs through the trainer's `evaluate` (its `Parts`: the rollout
+recipe's held-out evaluation runs through the trainer's `measure_accuracy` (its `Parts`: the rollout
 worker over a metered engine, a sandbox, the scorer) and through rstar2-eval's `evaluate` with
 the settings the trainer prints, on the same scripted engine: every request must carry the same
 sampling settings and every sample the same verdict. The script holds samples on which the
@@ -25,7 +25,7 @@ from rstar2_rollout import Generation, SamplingParams, SamplingProtocol
 from rstar2_rollout.tiny import build_tokenizer
 from rstar2_sandbox import LocalSandbox, SandboxConfig
 from rstar2_trainer.config import load_config
-from rstar2_trainer.evaluate import evaluate as trainer_evaluate
+from rstar2_trainer.evaluate import measure_accuracy
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.local import Parts, local_source
 from rstar2_trainer.train import final_eval_command
@@ -91,7 +91,7 @@ async def _trainer(config, tokenizer, sandbox, engine: ScriptedModel) -> dict:
     )
     protocol = config.eval.protocol(top_p=config.rollout.top_p, reward=config.reward)
     try:
-        stats, collected = await trainer_evaluate(parts, PROBLEMS, protocol, config.rollout)
+        stats, collected = await measure_accuracy(parts, PROBLEMS, protocol, config.rollout)
     finally:
         await scheduler.close()
         await verifier.close()

@@ -164,7 +164,7 @@ def test_engines_spread_by_free_kv_and_sync_weights(tmp_path):
 
                 return Job(run, len(prompt), 1200)  # only one fits an engine's KV at a time
 
-            scheduler = parts.source.scheduler  # type: ignore[attr-defined]  (a RolloutWorker)
+            scheduler = parts.source.scheduler  # type: ignore[attr-defined]  (a RolloutService)
             results = await scheduler.run([job(i) for i in range(6)])
             assert all(r.ok for r in results), [r.error for r in results]
             # every answer brought the engine's progress report back: vLLM never preempted

@@ -1,6 +1,6 @@
-"""The trainer with its rollouts on a remote worker: `rstar2-rollout serve` (vLLM, the CPU build
-here) and `rstar2-sandbox serve` started as subprocesses, the trainer pointed at the worker with
-`remote.workers`, three RL steps; the worker's greedy answer changes because the trainer pushed its
+"""The trainer with its rollouts on a remote service: `rstar2-rollout serve` (vLLM, the CPU build
+here) and `rstar2-sandbox serve` started as subprocesses, the trainer pointed at the service with
+`remote.workers`, three RL steps; the service's greedy answer changes because the trainer pushed its
 SFT'd and updated weights. Also the config rules of the `remote` section."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_rollout import Problem, RolloutClient, RolloutSampling
+from rstar2_rollout import RolloutClient, RolloutSampling, RolloutTask
 from rstar2_trainer.config import ConfigError, load_config
 from rstar2_trainer.rundir import read_metrics
 
@@ -54,7 +54,7 @@ def _start(argv: list[str], timeout_s: float = 300.0) -> tuple[subprocess.Popen[
 
 
 @pytest.fixture
-def worker(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+def service(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     from rstar2_rollout.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
@@ -81,7 +81,9 @@ def _greedy(address: str) -> list[int]:
     async def main() -> list[int]:
         async with RolloutClient(address) as client:
             sampling = RolloutSampling(n=1, temperature=0.0, max_response_tokens=32, max_turns=1)
-            (r,) = [r async for r in client.generate([Problem("x", "What is 3 + 4?")], sampling)]
+            (r,) = [
+                r async for r in client.generate([RolloutTask("x", "What is 3 + 4?")], sampling)
+            ]
             return r.trajectory.response_ids
 
     return asyncio.run(main())
@@ -89,9 +91,9 @@ def _greedy(address: str) -> list[int]:
 
 @pytest.mark.slow  # vLLM start-up, SFT and three RL steps on 2 CPU cores: ~2 min
 def test_trainer_rolls_out_on_a_remote_worker(
-    tmp_path: Path, worker: tuple[Path, str], tiny_run: list[str]
+    tmp_path: Path, service: tuple[Path, str], tiny_run: list[str]
 ) -> None:
-    model, address = worker
+    model, address = service
     before = _greedy(address)
     run_dir = tmp_path / "run"
     args = [
@@ -121,5 +123,5 @@ def test_trainer_rolls_out_on_a_remote_worker(
     evals = [r for r in records if r["phase"] == "eval"]
     assert [e["when"] for e in evals][:2] == ["before_sft", "after_sft"]
     assert all(e["problems"] == 4 and e["failed_jobs"] == 0 for e in evals)
-    # the worker now serves the trained weights, not the ones it started with
+    # the service now serves the trained weights, not the ones it started with
     assert _greedy(address) != before

@@ -99,14 +99,14 @@ def scripted() -> type[ScriptedModel]:
 async def _roll_out(
     engine: Any, sandbox: Any, tokenizer: Any, config: Any, problems: Sequence[Any]
 ) -> list[Any]:
-    from rstar2_rollout import RolloutSampling, one_engine_worker
+    from rstar2_rollout import RolloutSampling, one_engine_service
 
-    worker = one_engine_worker(engine, sandbox, tokenizer, config)
+    service = one_engine_service(engine, sandbox, tokenizer, config)
     try:
         sampling = RolloutSampling.of(config, config.n)
-        trajs = [r.trajectory async for r in worker.generate(problems, sampling)]
+        trajs = [r.trajectory async for r in service.generate(problems, sampling)]
     finally:
-        await worker.scheduler.close()
+        await service.scheduler.close()
     order = {p.id: i for i, p in enumerate(problems)}
     return sorted(trajs, key=lambda t: (order[t.group_id], t.sample_index))
 
@@ -114,5 +114,5 @@ async def _roll_out(
 @pytest.fixture(scope="session")
 def roll_out() -> Any:
     """`await roll_out(engine, sandbox, tokenizer, config, problems)`: `config.n` trajectories
-    per problem on one engine (the rollout worker), grouped by problem in sample order."""
+    per problem on one engine (the rollout service), grouped by problem in sample order."""
     return _roll_out

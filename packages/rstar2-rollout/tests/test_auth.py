@@ -1,9 +1,9 @@
-"""The rollout worker with a token and a weight cap, for real: a gRPC server on 127.0.0.1:0 over
+"""The rollout service with a token and a weight cap, for real: a gRPC server on 127.0.0.1:0 over
 simulated engines refuses Generate, Info and UpdateWeights without the token or with a wrong one
 (UNAUTHENTICATED) and serves them with it; a weight stream longer than the model's own size is
 RESOURCE_EXHAUSTED while a full-size update still loads; a tokenless non-loopback bind is refused.
 Then `rstar2-rollout serve --engine hf --token-file` as a subprocess on the tiny model: the token
-is not in its /proc cmdline or environ, an oversize update is refused without the worker's memory
+is not in its /proc cmdline or environ, an oversize update is refused without the service's memory
 growing by the stream, and the old weights still give the same greedy answer."""
 
 from __future__ import annotations
@@ -20,24 +20,24 @@ import pytest
 import torch
 
 from rstar2_proto.auth import DENIED, InsecureBindError, write_token_file
-from rstar2_rollout import Problem, RolloutClient, RolloutError, RolloutSampling
+from rstar2_rollout import RolloutClient, RolloutError, RolloutSampling, RolloutTask
 from rstar2_rollout.engine import Engine, SamplingParams
 from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import bind, start_server
+from rstar2_rollout.service import RolloutService
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_rollout.weights import TensorInfo, WeightSpec, to_safetensors
-from rstar2_rollout.worker import RolloutWorker
 
 BIN = Path(sys.executable).parent
 FAST = EngineModel(
     kv_tokens=4_000, base_step_s=1e-4, per_request_step_s=0.0, per_kv_token_step_s=0.0
 )
 SPEC = WeightSpec({"w": TensorInfo("F32", (256, 256)), "b": TensorInfo("BF16", (256,))})
-PROBLEM = [Problem("p", "What is 1 + 1?")]
+PROBLEM = [RolloutTask("p", "What is 1 + 1?")]
 
 
-async def _produce(problem: Problem, index: int, engine: Engine, sampling: Any) -> Trajectory:
+async def _produce(problem: RolloutTask, index: int, engine: Engine, sampling: Any) -> Trajectory:
     traj = Trajectory(group_id=problem.id, sample_index=index, prompt_ids=[1, 2, 3])
     out = await engine.generate(traj.prompt_ids, SamplingParams(max_tokens=4), f"{problem.id}")
     traj.append(out.token_ids, sampled=True, logprobs=out.logprobs)
@@ -47,8 +47,8 @@ async def _produce(problem: Problem, index: int, engine: Engine, sampling: Any) 
 
 async def _with_worker(body: Any, token: str | None = "t0ken") -> Any:
     sims = [SimEngine("engine-0", FAST)]
-    worker = RolloutWorker(Scheduler(sims), _produce, lambda p: 3, engines=sims, weights=SPEC)
-    server = await start_server(worker, token=token)
+    service = RolloutService(Scheduler(sims), _produce, lambda p: 3, engines=sims, weights=SPEC)
+    server = await start_server(service, token=token)
     try:
         return await body(server.target)
     finally:
@@ -136,7 +136,7 @@ def test_a_tokenless_non_loopback_bind_is_refused(tmp_path: Path) -> None:
     ]
 
 
-# ---------------------------------------------------------------- a real worker process
+# ---------------------------------------------------------------- a real service process
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def worker(tiny_model: Path, token_file) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def service(tiny_model: Path, token_file) -> Iterator[tuple[subprocess.Popen[str], str]]:
     argv = [
         str(BIN / "rstar2-rollout"), "serve", "--model", str(tiny_model), "--sandbox", "local",
         "--engine", "hf", "--port", "0", "--max-model-len", "1024", "--system-prompt", "compact",
@@ -179,11 +179,11 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.slow  # imports torch and transformers in the worker: ~20 s on a shared machine
+@pytest.mark.slow  # imports torch and transformers in the service: ~20 s on a shared machine
 def test_a_served_worker_keeps_its_token_private_and_its_weights_on_oversize(
-    worker, token_file, tiny_model: Path
+    service, token_file, tiny_model: Path
 ) -> None:
-    proc, address = worker
+    proc, address = service
     cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
     environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
     assert str(token_file[0]).encode() in cmdline
@@ -212,7 +212,7 @@ def test_a_served_worker_keeps_its_token_private_and_its_weights_on_oversize(
 
     before, refused, grown, after, denied = asyncio.run(main())
     assert refused[0] == "RESOURCE_EXHAUSTED"
-    # holding the stream would grow the worker by at least `oversize`; dropping it costs a few
+    # holding the stream would grow the service by at least `oversize`; dropping it costs a few
     # pieces in flight and allocator slack (60 MB and 119 MB of 215 MB measured on 2 cores)
     assert grown < oversize * 3 // 4
     assert before and after == before  # the old weights still answer, unchanged

@@ -10,8 +10,8 @@ import pytest
 from rstar2_rollout import (
     TOOL_NAME,
     ChatFormat,
-    Problem,
     RolloutConfig,
+    RolloutTask,
     encode_conversation,
     render_call,
     run_agent,
@@ -56,7 +56,7 @@ def test_encoding_a_conversation_equals_the_loops_token_stream(
 ):
     turns = [m.content.removeprefix("<reason>") for m in CONVERSATION if m.role == "assistant"]
     model = scripted(tokenizer, {"p": turns})
-    problem = Problem("p", "What is 6*7?")
+    problem = RolloutTask("p", "What is 6*7?")
     traj = runner.run(run_agent(model, sandbox, tokenizer, problem, RolloutConfig(temperature=0)))
     assert traj.finish_reason == "answered" and traj.tool_outcome_counts["ok"] == 2
 

@@ -7,8 +7,8 @@ import pytest
 from rstar2_rollout import (
     Engine,
     HFEngineConfig,
-    Problem,
     RolloutConfig,
+    RolloutTask,
     SamplingParams,
     build_engine,
     run_agent,
@@ -73,14 +73,14 @@ def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, t
 def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenizer, roll_out):
     config = RolloutConfig(n=2, max_turns=2, max_response_tokens=48, temperature=1.0, seed=3)
     trajs = runner.run(
-        roll_out(engine, sandbox, tokenizer, config, [Problem("p1", "What is 2+3?")])
+        roll_out(engine, sandbox, tokenizer, config, [RolloutTask("p1", "What is 2+3?")])
     )
     for traj in trajs:
         traj.validate()
         assert traj.finish_reason in ("no_tool_call", "max_length", "answered", "max_turns")
         assert 0 < traj.sampled_tokens <= 48 and traj.timings.generate_s > 0
     again = runner.run(
-        roll_out(engine, sandbox, tokenizer, config, [Problem("p1", "What is 2+3?")])
+        roll_out(engine, sandbox, tokenizer, config, [RolloutTask("p1", "What is 2+3?")])
     )
     assert [t.response_ids for t in again] == [t.response_ids for t in trajs]  # seeded
 
@@ -88,5 +88,7 @@ def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenize
 def test_a_closed_engine_fails_its_requests_with_a_reason(runner, engine, sandbox, tokenizer):
     closed = HFEngine(engine.model, name="hf-closed")
     runner.run(closed.close())
-    traj = runner.run(run_agent(closed, sandbox, tokenizer, Problem("p", "q"), RolloutConfig(n=1)))
+    traj = runner.run(
+        run_agent(closed, sandbox, tokenizer, RolloutTask("p", "q"), RolloutConfig(n=1))
+    )
     assert (traj.finish_reason, traj.error) == ("error", "engine hf-closed closed")

@@ -16,8 +16,8 @@ import pytest
 from rstar2_rollout import (
     HFEngineConfig,
     OpenAIEngineConfig,
-    Problem,
     RolloutConfig,
+    RolloutTask,
     SamplingParams,
     build_engine,
 )
@@ -124,7 +124,7 @@ def test_a_text_only_server_needs_a_tokenizer(runner, server, tokenizer):
 def test_the_loop_runs_against_the_endpoint(runner, server, sandbox, tokenizer, roll_out):
     engine = OpenAIEngine(OpenAIEngineConfig(base_url=server, model="tiny"))
     config = RolloutConfig(n=3, max_turns=2, max_response_tokens=32, seed=1)
-    trajs = runner.run(roll_out(engine, sandbox, tokenizer, config, [Problem("p", "2+2?")]))
+    trajs = runner.run(roll_out(engine, sandbox, tokenizer, config, [RolloutTask("p", "2+2?")]))
     for traj in trajs:
         traj.validate()
         assert traj.finish_reason != "error" and traj.sampled_tokens > 0

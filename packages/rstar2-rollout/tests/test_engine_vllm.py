@@ -14,8 +14,8 @@ import pytest
 from rstar2_rollout import (
     Engine,
     HFEngineConfig,
-    Problem,
     RolloutConfig,
+    RolloutTask,
     SamplingParams,
     VLLMEngineConfig,
     build_engine,
@@ -156,7 +156,7 @@ def test_many_seeded_long_prompts_at_once(runner, vllm_engine):
 @pytest.mark.slow
 def test_the_loop_on_vllm_and_the_real_sandbox(runner, vllm_engine, sandbox, tokenizer, roll_out):
     config = RolloutConfig(n=8, max_turns=3, max_response_tokens=128, seed=2)
-    problems = [Problem(f"p{i}", f"What is {i} + {i}?") for i in range(4)]
+    problems = [RolloutTask(f"p{i}", f"What is {i} + {i}?") for i in range(4)]
     trajs = runner.run(roll_out(vllm_engine, sandbox, tokenizer, config, problems))
     assert len(trajs) == 32
     for traj in trajs:

@@ -8,11 +8,11 @@ import pytest
 
 from rstar2_rollout import (
     ChatFormat,
-    Problem,
     RolloutConfig,
     RolloutSampling,
+    RolloutTask,
     collect,
-    one_engine_worker,
+    one_engine_service,
     render_call,
     run_agent,
 )
@@ -27,7 +27,7 @@ ANSWER = " So it is 42. </reason><answer> \\boxed{42} </answer>"
 def roll(runner, sandbox, tokenizer, scripted, script, config=None) -> Trajectory:
     model = scripted(tokenizer, {"p": script})
     cfg = config or RolloutConfig(temperature=0)
-    traj = runner.run(run_agent(model, sandbox, tokenizer, Problem("p", "What is 6*7?"), cfg))
+    traj = runner.run(run_agent(model, sandbox, tokenizer, RolloutTask("p", "What is 6*7?"), cfg))
     traj.validate()
     return traj
 
@@ -182,7 +182,7 @@ def test_an_engine_failure_ends_the_trajectory_with_its_reason(
 
     engine = FailingEngine(tokenizer, {})
     cfg = RolloutConfig(temperature=0)
-    traj = runner.run(run_agent(engine, sandbox, tokenizer, Problem("p", "q"), cfg))
+    traj = runner.run(run_agent(engine, sandbox, tokenizer, RolloutTask("p", "q"), cfg))
     assert (traj.finish_reason, traj.error, traj.response_ids) == (
         "error",
         "engine died: out of memory",
@@ -207,7 +207,7 @@ def test_token_in_token_out_and_where_re_rendering_drifts(runner, sandbox, token
             return Generation(ids, [-1.0] * len(ids))
 
     engine = SplitSampler(tokenizer, {})
-    traj = runner.run(run_agent(engine, sandbox, fmt, Problem("p", "q"), RolloutConfig()))
+    traj = runner.run(run_agent(engine, sandbox, fmt, RolloutTask("p", "q"), RolloutConfig()))
     assert traj.response_ids[:2] == split  # what was sampled is what is kept
     text = tokenizer.decode(traj.prompt_ids + traj.response_ids, skip_special_tokens=False)
     rerendered = tokenizer.encode(text, add_special_tokens=False)
@@ -234,16 +234,16 @@ def test_a_slow_tool_never_stalls_other_trajectories(runner, sandbox, tokenizer,
     finished: dict[str, float] = {}
 
     async def main() -> None:
-        worker = one_engine_worker(model, sandbox, tokenizer, cfg)
-        problems = [Problem(name, "q") for name in scripts]
+        service = one_engine_service(model, sandbox, tokenizer, cfg)
+        problems = [RolloutTask(name, "q") for name in scripts]
         started = time.perf_counter()
         try:
-            async for result in worker.generate(problems, RolloutSampling.of(cfg, 1)):
+            async for result in service.generate(problems, RolloutSampling.of(cfg, 1)):
                 traj = result.trajectory
                 finished[traj.group_id] = time.perf_counter() - started
                 assert traj.finish_reason == "answered", traj
         finally:
-            await worker.scheduler.close()
+            await service.scheduler.close()
 
     runner.run(main())
     assert finished["slow"] >= 3.0
@@ -256,7 +256,7 @@ class AnswerIs42:
     def __init__(self) -> None:
         self.seen: list[tuple[str, int]] = []
 
-    async def score(self, problem: Problem, trajectory: Trajectory) -> str | None:
+    async def score(self, problem: RolloutTask, trajectory: Trajectory) -> str | None:
         self.seen.append((problem.id, trajectory.sample_index))
         trajectory.reward = float("42" in (trajectory.final_answer or ""))
         return trajectory.final_answer
@@ -268,12 +268,12 @@ def test_collect_grades_every_trajectory_and_returns_them_by_problem(
     scripts = {"a": [ANSWER], "b": [CALL, ANSWER], "c": [" I give up.</reason>"]}
     model = scripted(tokenizer, scripts)
     cfg = RolloutConfig(temperature=0)
-    worker = one_engine_worker(model, sandbox, tokenizer, cfg)
+    service = one_engine_service(model, sandbox, tokenizer, cfg)
     grader, graded = AnswerIs42(), []
-    problems = [Problem("a", "q"), Problem("b", "q"), Problem("c", "q")]
+    problems = [RolloutTask("a", "q"), RolloutTask("b", "q"), RolloutTask("c", "q")]
     collected = runner.run(
         collect(
-            worker,
+            service,
             grader,
             problems,
             3,
@@ -281,7 +281,7 @@ def test_collect_grades_every_trajectory_and_returns_them_by_problem(
             on_graded=lambda p, t, grade: graded.append((p.id, t.sample_index, grade)),
         )
     )
-    runner.run(worker.scheduler.close())
+    runner.run(service.scheduler.close())
     assert [(t.group_id, t.sample_index) for t in collected.trajectories] == [
         (p.id, i) for p in problems for i in range(3)
     ]

@@ -1,4 +1,4 @@
-"""Every scheduling policy behind the one `Placement` interface: each config spelling builds and
+"""Every scheduling policy behind the one `Admission` interface: each config spelling builds and
 runs a batch to the end on simulated engines; the peers place as their frameworks do; the
 forecast policy queues centrally and learns lengths (Kaplan-Meier over finished and running)."""
 

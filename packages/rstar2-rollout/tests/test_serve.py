@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rstar2_rollout import Problem, RolloutClient, RolloutError, RolloutSampling
+from rstar2_rollout import RolloutClient, RolloutError, RolloutSampling, RolloutTask
 from rstar2_rollout.weights import InvalidWeights, WeightSpec, read_header, to_safetensors
 
 pytestmark = [
@@ -179,7 +179,7 @@ def test_serve_generates_takes_new_weights_and_refuses_bad_ones(
     original = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
     generator = torch.Generator().manual_seed(0)
     changed = {n: t + 0.05 * torch.randn(t.shape, generator=generator) for n, t in original.items()}
-    problem = [Problem("p", "What is 17 + 25?")]
+    problem = [RolloutTask("p", "What is 17 + 25?")]
     greedy = RolloutSampling(n=1, temperature=0.0, max_response_tokens=24, max_turns=1)
 
     async def main():

@@ -1,6 +1,6 @@
 """One evaluation run, top to bottom: problems, model, run directory, rollouts, grading, summary.
 
-The same function as training: `rstar2_rollout.collect` over a `RolloutWorker` on the one engine
+The same function as training: `rstar2_rollout.collect` over a `RolloutService` on the one engine
 (its scheduler places every sample, the agent loop runs it with the paper's chat format and
 tool-call parser), the code tool in a sandbox (`LocalSandbox` in this process, or a sandbox
 server), and rstar2-verify's `Scorer` with the config's reward rule (`config.reward`: the whole
@@ -44,7 +44,7 @@ from rstar2_rollout import (
     Trajectory,
     build_engine,
     collect,
-    one_engine_worker,
+    one_engine_service,
 )
 from rstar2_sandbox import Sandbox, open_sandbox
 from rstar2_verify import Grade, Scorer, Verifier, is_correct
@@ -110,7 +110,7 @@ async def evaluate(
     on_done: Callable[[SampleRecord], None] | None = None,
 ) -> list[str]:
     """Roll out, grade and record every (problem, sample index) in `todo`; return the failures."""
-    worker = one_engine_worker(engine, sandbox, tokenizer, config)
+    service = one_engine_service(engine, sandbox, tokenizer, config)
 
     def record(problem: Problem, traj: Trajectory, grade: Grade | None) -> None:
         text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
@@ -122,7 +122,7 @@ async def evaluate(
 
     try:
         collected = await collect(
-            worker,
+            service,
             Scorer(verifier, reward, tokenizer),
             [],
             config.n,
@@ -132,7 +132,7 @@ async def evaluate(
             max_failures=max_failures,
         )
     finally:
-        await worker.scheduler.close()
+        await service.scheduler.close()
     return collected.failed_jobs
 
 

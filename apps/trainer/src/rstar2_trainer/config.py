@@ -274,8 +274,12 @@ class HardPassConfig(_Section):
     )
 
 
-class EvalConfig(_Section):
-    """Held-out evaluation: before SFT, after SFT and after each stage."""
+class EvalSettings(_Section):
+    """Says when and how the trainer measures accuracy during a run (the YAML section `eval:`).
+
+    The run evaluates on held-out synthetic problems and/or benchmark files after SFT, at each
+    stage switch (or after the last stage only) and, if asked, before SFT.
+    """
 
     problems: int = Field(default=48, gt=0, description="Held-out synthetic problems.")
     seed: int = Field(default=1_000_003, description="Seed of the held-out set (not training's).")
@@ -326,7 +330,7 @@ class EvalConfig(_Section):
         )
 
     @model_validator(mode="after")
-    def _samples_need_sampling(self) -> EvalConfig:
+    def _samples_need_sampling(self) -> EvalSettings:
         if self.samples > 1 and self.temperature == 0:
             raise ValueError(
                 f"eval.samples={self.samples} with greedy decoding repeats one answer; "
@@ -394,7 +398,7 @@ class TrainerConfig(_Section):
     verify_service: ServiceConfig = Field(
         default_factory=ServiceConfig, description="Where grading runs."
     )
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    eval: EvalSettings = Field(default_factory=EvalSettings, description="Held-out evaluation.")
     hard_pass: HardPassConfig = Field(
         default_factory=HardPassConfig, description="Finding the hard subset for a hard stage."
     )

@@ -1,6 +1,6 @@
 """Evaluation inside a training run: accuracy of the current policy on problems it does not train on.
 
-One `evaluate` for both kinds, through the same trajectory source, agent loop, sandbox and
+One `measure_accuracy` for both kinds, through the same trajectory source, agent loop, sandbox and
 `rstar2_rollout.collect` as training, under a `SamplingProtocol` (the model `rstar2-eval` reads,
 so the final table's command reproduces a number exactly). Accuracy is the mean reward over every
 sample (avg@k, as the paper reports). The kinds differ only in problems and protocol:
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 from rstar2_curriculum import Problem, generate_problems
 from rstar2_rollout import Collected, RolloutConfig, SamplingProtocol, collect
-from rstar2_trainer.config import EvalConfig
+from rstar2_trainer.config import EvalSettings
 from rstar2_trainer.stats import trajectory_stats
 
 if TYPE_CHECKING:
     from rstar2_trainer.placement.local import Parts
 
 
-def held_out_problems(config: EvalConfig, training: Sequence[Problem]) -> list[Problem]:
-    """`config.problems` synthetic problems none of whose questions the run trains on."""
+def held_out_problems(config: EvalSettings, training: Sequence[Problem]) -> list[Problem]:
+    """Draws `config.problems` synthetic problems none of whose questions the run trains on."""
     seen = {p.question for p in training}
     size = config.problems * 2
     while True:  # a larger pool when training already holds most small problems
@@ -39,14 +39,15 @@ def held_out_problems(config: EvalConfig, training: Sequence[Problem]) -> list[P
     return [p.model_copy(update={"id": f"eval-{p.id}"}) for p in fresh[: config.problems]]
 
 
-async def evaluate(
+async def measure_accuracy(
     parts: Parts,
     problems: Sequence[Problem],
     protocol: SamplingProtocol,
     base: RolloutConfig,
     on_done: Callable[[], None] | None = None,
 ) -> tuple[dict[str, float | None], Collected[Problem]]:
-    """Accuracy (avg@k) and trajectory statistics of the current policy on `problems`."""
+    """Samples `problems` with the current policy under `protocol`, grades every sample and
+    returns accuracy (avg@k) with trajectory statistics, plus what was collected."""
     collected = await collect(
         parts.source,
         parts.scorer.under(protocol.reward),

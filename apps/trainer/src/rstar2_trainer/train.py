@@ -13,8 +13,8 @@ The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.trai
 FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weights from the
 start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
 writes the policy folder. The engines load the model folder themselves, so nothing is pushed
-before SFT (remote rollout workers, which loaded their own copy, get the policy's weights
-first). Trajectories come from `parts.source` (local engines or remote workers) through one
+before SFT (remote rollout services, which loaded their own copy, get the policy's weights
+first). Trajectories come from `parts.source` (local engines or remote rollout services) through one
 `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 
@@ -47,7 +47,7 @@ from rstar2_rollout import collect, derive_seed
 from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
-from rstar2_trainer.evaluate import evaluate, held_out_problems
+from rstar2_trainer.evaluate import held_out_problems, measure_accuracy
 from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
@@ -169,7 +169,9 @@ async def run_eval(run: Run, when: str) -> None:
         total = len(run.held_out) * config.eval.samples
         with report.progress(f"eval ({when})", total) as advance:
             held_out = config.eval.protocol(top_p=config.rollout.top_p, reward=config.reward)
-            stats, _ = await evaluate(run.parts, run.held_out, held_out, config.rollout, advance)
+            stats, _ = await measure_accuracy(
+                run.parts, run.held_out, held_out, config.rollout, advance
+            )
         record = {"when": when, **stats}
         run.evals.append({**record, "step": run.step})
         run.log.log("eval", run.step, record)
@@ -182,7 +184,9 @@ async def run_eval(run: Run, when: str) -> None:
     for name, problems in run.benchmarks.items():
         total = len(problems) * protocol.samples
         with report.progress(f"{name} ({when})", total) as advance:
-            stats, _ = await evaluate(run.parts, problems, protocol, config.rollout, advance)
+            stats, _ = await measure_accuracy(
+                run.parts, problems, protocol, config.rollout, advance
+            )
         record = {"when": when, "benchmark": name, **stats}
         run.evals.append({**record, "step": run.step})
         run.log.log("benchmark", run.step, record)
@@ -198,7 +202,7 @@ async def start(run: Run, traces: list) -> None:
     if config.init is not None:
         await start_from_origin(run)
         return
-    if parts.remote is not None:  # remote workers loaded a model of their own
+    if parts.remote is not None:  # remote rollout services loaded a model of their own
         await run.policy.sync(parts)
     if config.eval.before_sft:
         await run_eval(run, "before_sft")

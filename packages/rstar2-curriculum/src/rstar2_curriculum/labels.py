@@ -152,7 +152,7 @@ async def _agent_check(
 ) -> tuple[dict[str, list[bool]], dict[str, list[str | None]], dict[str, int]]:
     """`rstar2_rollout.collect` (the trainer's and the evaluator's path) with rstar2-verify's
     scorer on the final `<answer>` block, truncated or not: marks, answers, sample endings."""
-    from rstar2_rollout import RewardConfig, RolloutConfig, collect, one_engine_worker
+    from rstar2_rollout import RewardConfig, RolloutConfig, collect, one_engine_service
     from rstar2_verify import Scorer, Verifier, VerifyConfig, is_correct
 
     rollout = RolloutConfig(
@@ -165,7 +165,7 @@ async def _agent_check(
         seed=config.seed,
         system_prompt=config.system_prompt,
     )
-    worker = one_engine_worker(engine, sandbox, tokenizer, rollout)
+    worker = one_engine_service(engine, sandbox, tokenizer, rollout)
     verifier = Verifier.local(VerifyConfig())
     rule = RewardConfig(graded="answer_block", truncated="graded")
     said: dict[str, list[str | None]] = {p.id: [] for p in problems}

@@ -27,11 +27,11 @@ from rstar2_rollout.config import (
     LeastTokensPolicy,
     OpenAIEngineConfig,
     PowerOfTwoPolicy,
+    RequestLimits,
     RolloutConfig,
     SchedulerConfig,
     StaticPolicy,
     VLLMEngineConfig,
-    WorkerConfig,
 )
 from rstar2_rollout.engine import (
     Engine,
@@ -44,20 +44,20 @@ from rstar2_rollout.engine import (
     StreamingEngine,
 )
 from rstar2_rollout.engines import build_engine
-from rstar2_rollout.loop import Problem, ProblemLike, derive_seed, format_tool_result, run_agent
+from rstar2_rollout.loop import ProblemLike, RolloutTask, derive_seed, format_tool_result, run_agent
 from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
+from rstar2_rollout.service import (
+    RolloutResult,
+    RolloutSampling,
+    RolloutService,
+    agent_producer,
+    one_engine_service,
+)
 from rstar2_rollout.toolcall import ParsedTurn, ToolCallRequest, parse_turn, render_call
 from rstar2_rollout.trajectory import FinishReason, Timings, ToolCallRecord, ToolOutcome, Trajectory
 from rstar2_rollout.weights import InvalidWeights, WeightSpec
-from rstar2_rollout.worker import (
-    RolloutSampling,
-    RolloutWorker,
-    WorkerResult,
-    agent_producer,
-    one_engine_worker,
-)
 
 __all__ = [
     "PYTHON_TOOL",
@@ -85,15 +85,17 @@ __all__ = [
     "OpenAIEngineConfig",
     "ParsedTurn",
     "PowerOfTwoPolicy",
-    "Problem",
     "ProblemLike",
     "ProgressEngine",
+    "RequestLimits",
     "RewardConfig",
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
+    "RolloutResult",
     "RolloutSampling",
-    "RolloutWorker",
+    "RolloutService",
+    "RolloutTask",
     "SampleSource",
     "SamplingParams",
     "SamplingProtocol",
@@ -111,15 +113,13 @@ __all__ = [
     "VLLMEngineConfig",
     "WeightSpec",
     "WeightUpdate",
-    "WorkerConfig",
-    "WorkerResult",
     "agent_producer",
     "build_engine",
     "collect",
     "derive_seed",
     "encode_conversation",
     "format_tool_result",
-    "one_engine_worker",
+    "one_engine_service",
     "parse_turn",
     "render_call",
     "run_agent",

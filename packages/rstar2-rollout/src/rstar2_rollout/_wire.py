@@ -1,8 +1,8 @@
-"""Conversions between rollout.v1 protobuf messages and the worker's dataclasses.
+"""Conversions between rollout.v1 protobuf messages and the service's dataclasses.
 
 Only this module, `server.py` and `client.py` touch generated classes. Enums map by name
 (`FINISH_REASON_MAX_LENGTH` <-> "max_length"); an unknown or unspecified wire value decodes to
-"error" so a newer server never crashes an older client. `Problem.answer` is not sent: the worker
+"error" so a newer server never crashes an older client. A problem's answer is not sent: the service
 does not grade. Not carried: a tool call's sandbox status (its outcome is) and the reward.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_rollout.engine import KVCapacity
-from rstar2_rollout.loop import Problem
+from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.scheduler import EngineStatus
+from rstar2_rollout.service import RolloutResult, RolloutSampling
 from rstar2_rollout.trajectory import (
     FinishReason,
     Timings,
@@ -19,7 +20,6 @@ from rstar2_rollout.trajectory import (
     ToolOutcome,
     Trajectory,
 )
-from rstar2_rollout.worker import RolloutSampling, WorkerResult
 
 FINISH: dict[FinishReason, pb.FinishReason] = {
     "answered": pb.FINISH_REASON_ANSWERED,
@@ -39,7 +39,7 @@ _OUTCOME_BACK: dict[int, ToolOutcome] = {v: k for k, v in OUTCOME.items()}
 
 
 def encode_request(
-    problems: list[Problem], sampling: RolloutSampling, request_id: str = ""
+    problems: list[RolloutTask], sampling: RolloutSampling, request_id: str = ""
 ) -> pb.RolloutRequest:
     return pb.RolloutRequest(
         problems=[pb.Problem(id=p.id, question=p.question) for p in problems],
@@ -62,7 +62,7 @@ def encode_request(
     )
 
 
-def decode_request(msg: pb.RolloutRequest) -> tuple[list[Problem], RolloutSampling]:
+def decode_request(msg: pb.RolloutRequest) -> tuple[list[RolloutTask], RolloutSampling]:
     s = msg.sampling
     sampling = RolloutSampling(
         n=s.n,
@@ -79,15 +79,15 @@ def decode_request(msg: pb.RolloutRequest) -> tuple[list[Problem], RolloutSampli
         tool_timeout_s=_optional(s, "tool_timeout_s"),
         system_prompt=s.system_prompt,
     )
-    return [Problem(p.id, p.question) for p in msg.problems], sampling
+    return [RolloutTask(p.id, p.question) for p in msg.problems], sampling
 
 
 def _optional(msg: pb.SamplingParams, field: str):
-    """The field's value when the sender set it, else None (the worker's own setting)."""
+    """The field's value when the sender set it, else None (the service's own setting)."""
     return getattr(msg, field) if msg.HasField(field) else None
 
 
-def encode_result(r: WorkerResult) -> pb.Trajectory:
+def encode_result(r: RolloutResult) -> pb.Trajectory:
     t = r.trajectory
     return pb.Trajectory(
         problem_id=t.group_id,
@@ -121,7 +121,7 @@ def encode_result(r: WorkerResult) -> pb.Trajectory:
     )
 
 
-def decode_result(msg: pb.Trajectory) -> WorkerResult:
+def decode_result(msg: pb.Trajectory) -> RolloutResult:
     t = Trajectory(
         group_id=msg.problem_id,
         sample_index=msg.sample_index,
@@ -149,7 +149,7 @@ def decode_result(msg: pb.Trajectory) -> WorkerResult:
                 wall_s=c.latency_s,
             )
         )
-    return WorkerResult(t, msg.engine, msg.queued_s)
+    return RolloutResult(t, msg.engine, msg.queued_s)
 
 
 def encode_info(version: str, policy: str, engines: list[EngineStatus]) -> pb.InfoResponse:

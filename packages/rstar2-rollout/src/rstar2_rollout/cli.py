@@ -1,4 +1,4 @@
-"""The `rstar2-rollout` command: `serve` a node's engines as a rollout worker, `info` about one.
+"""The `rstar2-rollout` command: `serve` a node's engines as a rollout service, `info` about one.
 
 Contract. `serve` binds its port first (a port in use fails at once), checks the sandbox answers,
 builds N engines on the model folder and serves rollout.v1 until SIGTERM or SIGINT, then stops
@@ -7,14 +7,14 @@ the server, the scheduler and the engines. The engine is an `EngineConfig` like 
 common flags, and `--engine-option KEY=VALUE` for any other field of that kind; what is not given
 is rstar2-rollout's default. Once ready it prints `listening on HOST:PORT` on stdout (port 0 picks a
 free port; a parent process reads that line). The agent loop's settings (system prompt, tool
-output truncation, tool timeout) are the worker's own flags and must match the trainer's recipe;
+output truncation, tool timeout) are the service's own flags and must match the trainer's recipe;
 a request carries sampling, budget, turns and seed. A user mistake (no model folder, a port in
 use, a sandbox that does not answer, an engine extra not installed) is one line on stderr and
 exit code 2, never a traceback; every bad `--engine-option` or flag value is reported at once,
 a line each, in rstar2-config's words (`engine.max_num_seqs: ...`). `--token-file F` (mode 0600) makes every call need the run's
 token, which is also sent to the sandbox (or `--sandbox-token-file`); a non-loopback `--host`
 without a token is refused unless `--insecure`; `--tls-cert/--tls-key` serve over TLS. Not
-covered: several models per worker.
+covered: several models per service.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from pydantic import BaseModel, ValidationError
 from rstar2_config import ConfigError, error_lines, mistakes
 from rstar2_rollout.config import (
     EngineConfig,
-    Policy,
+    RequestLimits,
     RolloutConfig,
     SchedulerConfig,
-    WorkerConfig,
+    SchedulingPolicy,
 )
 
-POLICIES = [c.model_fields["kind"].default for c in get_args(get_args(Policy)[0])]
+POLICIES = [c.model_fields["kind"].default for c in get_args(get_args(SchedulingPolicy)[0])]
 
 
 class UsageError(Exception):
@@ -106,7 +106,7 @@ class _Settings(BaseModel):
 
     rollout: RolloutConfig
     scheduler: SchedulerConfig
-    worker: WorkerConfig
+    limits: RequestLimits
 
 
 # The flag each setting comes from, to name it in a mistake's line.
@@ -116,8 +116,8 @@ _FLAGS = {
     "rollout.tool_timeout_s": "--tool-timeout",
     "rollout.max_context_tokens": "--max-model-len",
     "scheduler.policy.kv_tokens_fallback": "--kv-tokens",
-    "worker.max_response_tokens": "--max-response-tokens",
-    "worker.max_turns": "--max-turns",
+    "limits.max_response_tokens": "--max-response-tokens",
+    "limits.max_turns": "--max-turns",
 }
 
 
@@ -134,7 +134,7 @@ def _settings(args: argparse.Namespace) -> tuple[_Settings | None, list[str]]:
             "max_context_tokens": args.max_model_len,
         },
         "scheduler": {"policy": policy},
-        "worker": {"max_response_tokens": args.max_response_tokens, "max_turns": args.max_turns},
+        "limits": {"max_response_tokens": args.max_response_tokens, "max_turns": args.max_turns},
     }
     try:
         return _Settings.model_validate(tree), []
@@ -206,8 +206,8 @@ async def _serve(args: argparse.Namespace) -> None:
     from rstar2_proto.auth import InsecureBindError, check_bind
     from rstar2_rollout.scheduler import Scheduler
     from rstar2_rollout.server import bind
+    from rstar2_rollout.service import RolloutService, agent_producer
     from rstar2_rollout.weights import WeightSpec
-    from rstar2_rollout.worker import RolloutWorker, agent_producer
 
     configs, lines = _engine_configs(args)
     settings, more = _settings(args)
@@ -216,9 +216,9 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.engine == "vllm" and args.engines > 1 and not _has_accelerator():
         raise UsageError(
             "the CPU build of vLLM runs one engine per process (two crash in one): start one"
-            " worker per engine with --engines 1; the trainer spreads problems across workers"
+            " service per engine with --engines 1; the trainer spreads problems across services"
         )
-    rollout, scheduling, limits = settings.rollout, settings.scheduler, settings.worker
+    rollout, scheduling, limits = settings.rollout, settings.scheduler, settings.limits
     token = _token(args.token_file)
     sandbox_token = _token(args.sandbox_token_file) if args.sandbox_token_file else token
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -259,7 +259,7 @@ async def _serve(args: argparse.Namespace) -> None:
         produce, prompt_tokens = agent_producer(sandbox, tokenizer, rollout)
         scheduler: Scheduler = Scheduler(engines, scheduling)
         stack.push_async_callback(scheduler.close)
-        worker = RolloutWorker(
+        service = RolloutService(
             scheduler,
             produce,
             prompt_tokens,
@@ -268,7 +268,7 @@ async def _serve(args: argparse.Namespace) -> None:
             weights=WeightSpec.from_model_dir(args.model),
             system_prompt_style=rollout.system_prompt,
         )
-        await server.start(worker)
+        await server.start(service)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -292,7 +292,7 @@ async def _info(address: str, token: str | None) -> None:
         try:
             info = await client.info()
         except RolloutError as exc:
-            raise UsageError(f"no rollout worker answered at {address}: {exc}") from None
+            raise UsageError(f"no rollout service answered at {address}: {exc}") from None
     engines = [
         {
             "name": e.name,
@@ -319,7 +319,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-# The kinds of EngineConfig a worker can serve: those that take the trainer's weights.
+# The kinds of EngineConfig a service can serve: those that take the trainer's weights.
 _ENGINE_KINDS = [
     config.model_fields["kind"].default
     for config in get_args(get_args(EngineConfig)[0])
@@ -329,7 +329,7 @@ _ENGINE_KINDS = [
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rstar2-rollout", description="Rollout worker: a node's engines behind rollout.v1."
+        prog="rstar2-rollout", description="Rollout service: a node's engines behind rollout.v1."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve this node's engines over gRPC")
@@ -366,7 +366,7 @@ def _parser() -> argparse.ArgumentParser:
         "--policy",
         choices=POLICIES,
         default=SchedulerConfig().policy.kind,
-        help="placement policy (SCHEDULER.md); default: SchedulerConfig's",
+        help="scheduling policy (SCHEDULER.md); default: SchedulerConfig's",
     )
     serve.add_argument(
         "--kv-tokens", type=_positive_int, help="KV tokens assumed per engine that reports none"
@@ -387,9 +387,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback --host with no token"
     )
-    info = sub.add_parser("info", help="print a worker's engines and their KV capacity")
+    info = sub.add_parser("info", help="print a service's engines and their KV capacity")
     info.add_argument("--address", default="127.0.0.1:50061")
-    info.add_argument("--token-file", help="file with the worker's token")
+    info.add_argument("--token-file", help="file with the service's token")
     return parser
 
 

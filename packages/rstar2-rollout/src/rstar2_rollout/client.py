@@ -1,4 +1,4 @@
-"""The rollout.v1 client: send problems to a remote worker, get trajectories as they finish.
+"""The rollout.v1 client: send problems to a remote service, get trajectories as they finish.
 
     async with RolloutClient("node-3:50061") as client:
         async for r in client.generate(problems, RolloutSampling(n=32, max_response_tokens=8192)):
@@ -6,10 +6,10 @@
         update = await client.update_weights(model.state_dict().items())  # between generations
 
 `RolloutClient(target, token=..., root_certificates=...)` sends the run's token with every call
-(a worker started with `--token-file` answers UNAUTHENTICATED without it) and uses TLS when given
+(a service started with `--token-file` answers UNAUTHENTICATED without it) and uses TLS when given
 root certificates (PEM). gRPC failures surface as `RolloutError` with the status code name and the server's message
-(`INVALID_ARGUMENT: n must be > 0 ...`). Not covered: retries and load balancing across workers
-(the trainer decides which worker gets which problems).
+(`INVALID_ARGUMENT: n must be > 0 ...`). Not covered: retries and load balancing across services
+(the trainer decides which service gets which problems).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from rstar2_proto.auth import open_channel
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rstar2_rollout import _wire
-from rstar2_rollout.loop import Problem
+from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.scheduler import EngineStatus
 from rstar2_rollout.server import MAX_MESSAGE_BYTES
+from rstar2_rollout.service import RolloutResult, RolloutSampling
 from rstar2_rollout.weights import pieces, to_safetensors
-from rstar2_rollout.worker import RolloutSampling, WorkerResult
 
 
 class RolloutError(RuntimeError):
@@ -42,7 +42,7 @@ class RolloutError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class WorkerInfo:
+class ServiceInfo:
     version: str
     policy: str
     engines: list[EngineStatus]
@@ -50,18 +50,18 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """One weight update as the worker saw it, plus the sender's own wall time."""
+    """Reports one weight update as the service saw it, plus the sender's own wall time."""
 
     tensors: int
     bytes: int
-    receive_s: float  # worker: first piece in -> payload parsed
-    load_s: float  # worker: every engine loaded (in parallel)
+    receive_s: float  # service: first piece in -> payload parsed
+    load_s: float  # service: every engine loaded (in parallel)
     engines: list[str]
     total_s: float  # sender: serialise + send + wait for the answer
 
 
 class RolloutClient:
-    """An async client of one rollout worker."""
+    """Talks to one rollout service over rollout.v1, asynchronously."""
 
     def __init__(
         self, target: str, *, token: str | None = None, root_certificates: bytes | None = None
@@ -78,10 +78,10 @@ class RolloutClient:
         self._stub = pb_grpc.RolloutServiceStub(self._channel)
 
     async def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling, request_id: str = ""
-    ) -> AsyncGenerator[WorkerResult, None]:
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling, request_id: str = ""
+    ) -> AsyncGenerator[RolloutResult, None]:
         """Yield results (trajectory, engine, queued_s) in completion order; leaving early cancels
-        the rest on the worker."""
+        the rest on the service."""
         call = self._stub.Generate(_wire.encode_request(list(problems), sampling, request_id))
         try:
             async for msg in call:
@@ -91,12 +91,12 @@ class RolloutClient:
         finally:
             call.cancel()
 
-    async def info(self) -> WorkerInfo:
+    async def info(self) -> ServiceInfo:
         try:
             msg = await self._stub.Info(pb.InfoRequest())
         except grpc.aio.AioRpcError as exc:
             raise RolloutError(exc.code().name, exc.details() or "") from None
-        return WorkerInfo(*_wire.decode_info(msg))
+        return ServiceInfo(*_wire.decode_info(msg))
 
     async def update_weights(
         self,
@@ -104,7 +104,7 @@ class RolloutClient:
         chunk_bytes: int = 4 << 20,
     ) -> WeightUpdate:
         """Send (name, tensor) pairs, or a ready safetensors payload, and have every engine of
-        the worker load them (after its running generations end). Needs torch for tensors."""
+        the service load them (after its running generations end). Needs torch for tensors."""
         start = time.perf_counter()
         data = named_tensors if isinstance(named_tensors, bytes) else to_safetensors(named_tensors)
 

@@ -5,7 +5,7 @@ curriculum's label check all call `collect`; an accuracy one of them reports is 
 others would, because it is the same function.
 
 - A `TrajectorySource` turns problems and a `RolloutSampling` into finished trajectories in the
-  order they finish: `RolloutWorker` in this process, or anything with its `generate` (the
+  order they finish: `RolloutService` in this process, or anything with its `generate` (the
   trainer's remote workers). Chosen (problem, sample index) pairs, e.g. a resumed evaluation's
   missing ones, need a source that also has `generate_samples` (`SampleSource`).
 - The `Grader` is passed in (rstar2-verify's `Scorer` is the one used): `score(problem, traj)`
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from rstar2_rollout.config import RolloutConfig
-from rstar2_rollout.loop import Problem, ProblemLike
+from rstar2_rollout.loop import ProblemLike, RolloutTask
+from rstar2_rollout.service import RolloutResult, RolloutSampling
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_rollout.worker import RolloutSampling, WorkerResult
 
 __all__ = [
     "Collected",
@@ -50,8 +50,8 @@ class TrajectorySource(Protocol):
     """Where trajectories come from: `sampling.n` per problem, yielded as each finishes."""
 
     def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling
-    ) -> AsyncIterator[WorkerResult]: ...
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
+    ) -> AsyncIterator[RolloutResult]: ...
 
 
 @runtime_checkable
@@ -59,12 +59,12 @@ class SampleSource(Protocol):
     """A source that can also roll out chosen (problem, sample index) pairs."""
 
     def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling
-    ) -> AsyncIterator[WorkerResult]: ...
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
+    ) -> AsyncIterator[RolloutResult]: ...
 
     def generate_samples(
-        self, samples: Sequence[tuple[Problem, int]], sampling: RolloutSampling
-    ) -> AsyncIterator[WorkerResult]: ...
+        self, samples: Sequence[tuple[RolloutTask, int]], sampling: RolloutSampling
+    ) -> AsyncIterator[RolloutResult]: ...
 
 
 class Grader(Protocol[P_contra]):
@@ -148,7 +148,7 @@ async def collect(
         return Collected(problems=list(problems), trajectories=[])
     by_id = {p.id: p for p in problems}
     sampling = RolloutSampling.of(config, n)
-    asked = {p.id: Problem(p.id, p.question) for p in problems}
+    asked = {p.id: RolloutTask(p.id, p.question) for p in problems}
     if not chosen:
         stream = source.generate(list(asked.values()), sampling)
     elif isinstance(source, SampleSource):

@@ -290,7 +290,9 @@ class ForecastPolicy(BaseModel):
     )
 
 
-Policy = Annotated[
+# How the scheduler picks an engine for each job, one config class per `kind`. (The model being
+# trained is the trainer's `Policy`; this one names no model.)
+SchedulingPolicy = Annotated[
     ForecastPolicy
     | KVAwarePolicy
     | KVProgressPolicy
@@ -304,12 +306,13 @@ Policy = Annotated[
 
 
 class SchedulerConfig(BaseModel):
-    """How trajectories are placed on engine replicas."""
+    """Configures the scheduler: which policy picks an engine for each trajectory, and when an
+    engine counts as dead."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    policy: Policy = Field(
+    policy: SchedulingPolicy = Field(
         default_factory=LeastRequestsPolicy,
-        description="The placement policy (least_requests: measured best overall, SCHEDULER.md).",
+        description="Which engine each job gets and when it starts (least_requests: measured best overall, SCHEDULER.md).",
     )
     max_engine_errors: int = Field(
         default=3, gt=0, description="Consecutive generate errors that mark an engine dead."
@@ -319,11 +322,11 @@ class SchedulerConfig(BaseModel):
     )
 
 
-# ---------------------------------------------------------------- the worker
+# ---------------------------------------------------------------- request limits
 
 
-class WorkerConfig(BaseModel):
-    """Defaults and limits of one rollout worker."""
+class RequestLimits(BaseModel):
+    """Sets what a rollout service fills in and accepts when a request leaves a setting at 0."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     max_response_tokens: int = Field(

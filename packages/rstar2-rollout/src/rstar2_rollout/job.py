@@ -1,6 +1,6 @@
 """What the scheduler takes and hands back: a `Job`, its `JobResult`, an engine's `EngineStatus`.
 
-Plain data, shared by the scheduler, the rollout worker, the simulator and the trainer; the
+Plain data, shared by the scheduler, the rollout service, the simulator and the trainer; the
 scheduler's logic is in `scheduler.py`. `EngineDeadError` is what a job sees when its engine is
 marked dead mid-turn.
 """

@@ -1,7 +1,7 @@
 """The agent loop: generate a turn, run its tool call in the sandbox, append the result, repeat.
 
 `run_agent` produces one `Trajectory` for one problem; many run at once on one event loop (the
-rollout worker's scheduler places them, `collect` grades them). Everything is asyncio: while one
+rollout service's scheduler places them, `collect` grades them). Everything is asyncio: while one
 trajectory waits on its tool call (or on the engine), the others keep generating, and there is
 no per-turn barrier between trajectories.
 
@@ -44,7 +44,7 @@ from rstar2_sandbox import ExecutionRequest, ExecutionResult, ExecutionStatus, S
 
 
 class ProblemLike(Protocol):
-    """What the loop needs of a problem: an id (the group) and the question text."""
+    """Declares what the loop needs of a problem: an id (the group) and the question text."""
 
     @property
     def id(self) -> str: ...
@@ -54,21 +54,25 @@ class ProblemLike(Protocol):
 
 
 @dataclass(frozen=True)
-class Problem:
-    """A problem to roll out."""
+class RolloutTask:
+    """Names one question for the agent loop to answer; `id` groups its samples.
+
+    It carries no answer, because rollout does not grade: `collect` turns any `ProblemLike` (the
+    curriculum's `Problem`, say) into one, and the rollout service receives these over the wire.
+    """
 
     id: str
     question: str
 
 
 def derive_seed(seed: int, *parts: object) -> int:
-    """A 31-bit seed from the run seed and (problem id, sample index, turn, ...)."""
+    """Derives a 31-bit seed from the run seed and (problem id, sample index, turn, ...)."""
     text = "/".join(str(p) for p in (seed, *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 33
 
 
 def format_tool_result(result: ExecutionResult) -> str:
-    """The text the model reads for one executed call (the paper's response types)."""
+    """Formats the text the model reads for one executed call (the paper's response types)."""
     status = result.status
     if status in (ExecutionStatus.OK, ExecutionStatus.OUTPUT_TRUNCATED):
         text = result.stdout or result.result_repr

@@ -4,8 +4,8 @@ A `Job` is an async callable `run(engine) -> result` that declares its prompt le
 maximum response length. The scheduler hands it one engine for its whole life (every turn goes to
 the same engine, so the prefix cache keeps its context), collects its result or its failure, and
 never moves or preempts a running job. The core here keeps the queue, failures and the job
-lifecycle; the policy is one `placement.Placement` object built once from `SchedulerConfig.policy`
-(`make_placement`), asked where a job goes and whether each turn may run. The policies:
+lifecycle; the policy is one `admission.Admission` object built once from `SchedulerConfig.policy`
+(`make_admission`), asked where a job goes and whether each turn may run. The policies:
 
 - `kv_aware` (rStar2-Agent, paper §3.2): a job is admitted to an engine only when that engine can
   hold prompt + max response tokens. Headroom is `min(total - reserved, free)`: `reserved` is the
@@ -32,8 +32,8 @@ lifecycle; the policy is one `placement.Placement` object built once from `Sched
   policy overall (SCHEDULER.md): KV-aware admission gives up more batch than it saves.
 - `power_of_two`, `cache_aware` (sglang-router), `least_tokens`: see `research/peers.py`.
 
-`least_requests` and `kv_aware` live in `placement.py`; the others (kv_progress, forecast, the
-peers) are research code in `rstar2_rollout.research`, imported by `make_placement` only when
+`least_requests` and `kv_aware` live in `admission.py`; the others (kv_progress, forecast, the
+peers) are research code in `rstar2_rollout.research`, imported by `make_admission` only when
 the config names one, so `import rstar2_rollout` never loads them.
 
 Engine failure: a `generate` that raises or answers `finish_reason="error"` `max_engine_errors`
@@ -54,10 +54,10 @@ from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
+from rstar2_rollout.admission import Admission, Entry, KVAware, LeastRequests, Pool, Slot
 from rstar2_rollout.config import KVAwarePolicy, LeastRequestsPolicy, SchedulerConfig
 from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
 from rstar2_rollout.job import EngineDeadError, EngineStatus, Job, JobResult
-from rstar2_rollout.placement import Entry, KVAware, LeastRequests, Placement, Pool, Slot
 
 __all__ = [
     "EngineDeadError",
@@ -66,23 +66,23 @@ __all__ = [
     "Job",
     "JobResult",
     "Scheduler",
-    "make_placement",
+    "make_admission",
 ]
 
 T = TypeVar("T")
 
 
-def make_placement(config: SchedulerConfig, pool: Pool) -> Placement:
-    """The policy object of `config.policy`, over the engines of `pool` (built once). The
-    research policies are imported here, only when a config names one."""
+def make_admission(config: SchedulerConfig, pool: Pool) -> Admission:
+    """Builds the admission object of `config.policy` over the engines of `pool` (once per
+    scheduler). It imports the research policies only when the config names one."""
     p = config.policy
     if isinstance(p, LeastRequestsPolicy):
         return LeastRequests(pool, p)
     if isinstance(p, KVAwarePolicy):
         return KVAware(pool, p)
-    from rstar2_rollout.research.policies import make_research_placement
+    from rstar2_rollout.research.policies import make_research_admission
 
-    return make_research_placement(p, pool)
+    return make_research_admission(p, pool)
 
 
 class EngineLease:
@@ -97,7 +97,7 @@ class EngineLease:
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> Generation:
-        slot, policy = self._slot, self._scheduler.placement
+        slot, policy = self._slot, self._scheduler.admission
         if not slot.alive:
             raise EngineDeadError(f"engine {self.name} is dead: {slot.dead_reason}")
         refused = await policy.enter_turn(
@@ -135,7 +135,7 @@ class EngineLease:
 
 
 class Scheduler(Generic[T]):
-    """Runs jobs on engine replicas under one placement policy (see the module docstring)."""
+    """Runs jobs on engine replicas under one scheduling policy (see the module docstring)."""
 
     def __init__(self, engines: Sequence[Engine], config: SchedulerConfig | None = None) -> None:
         if not engines:
@@ -159,7 +159,7 @@ class Scheduler(Generic[T]):
                         f"engine {slot.engine.name} reports no KV capacity:"
                         f" {self.config.policy.kind} needs policy.kv_tokens_fallback"
                     )
-        self.placement = make_placement(self.config, self)
+        self.admission = make_admission(self.config, self)
 
     # ---- public API ------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class Scheduler(Generic[T]):
         out = []
         for s in self.slots:
             cap = self.capacity(s) if s.alive else None
-            reserved = self.placement.reserved(s) if s.alive else 0
+            reserved = self.admission.reserved(s) if s.alive else 0
             out.append(
                 EngineStatus(s.engine.name, s.alive, len(s.running), reserved, cap, s.dead_reason)
             )
@@ -222,7 +222,7 @@ class Scheduler(Generic[T]):
 
     def fits(self, reserve_tokens: int) -> bool:
         """Whether some live engine could ever hold a job of this size (the KV policies limit)."""
-        return self.placement.fits(reserve_tokens)
+        return self.admission.fits(reserve_tokens)
 
     def mark_dead(self, name: str, reason: str) -> None:
         """Stop using an engine: its running jobs fail with `reason`, nothing new goes to it."""
@@ -253,7 +253,7 @@ class Scheduler(Generic[T]):
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # ---- what policies see (`placement.Pool`) --------------------------------------------
+    # ---- what policies see (`admission.Pool`) --------------------------------------------
 
     def capacity(self, slot: Slot) -> KVCapacity | None:
         """The engine's capacity report; an engine whose probe raises is marked dead (None)."""
@@ -277,7 +277,7 @@ class Scheduler(Generic[T]):
         self._dispatch()
 
     def schedule_recheck(self) -> None:
-        interval = self.placement.recheck_interval_s
+        interval = self.admission.recheck_interval_s
         if self._recheck is None and interval is not None:
             self._recheck = asyncio.get_running_loop().call_later(interval, self._on_recheck)
 
@@ -298,9 +298,9 @@ class Scheduler(Generic[T]):
             self._dispatching = False
 
     def _dispatch_queue(self) -> None:
-        self.placement.before_dispatch()
+        self.admission.before_dispatch()
         if self._queue:
-            self.placement.order(self._queue)
+            self.admission.order(self._queue)
         while self._queue:
             entry = self._queue[0]
             if entry.future.done():  # withdrawn; its _on_done has not run yet
@@ -310,7 +310,7 @@ class Scheduler(Generic[T]):
                 reasons = "; ".join(f"{s.engine.name}: {s.dead_reason}" for s in self.slots)
                 self._fail(self._queue.popleft(), f"no healthy engine ({reasons})")
                 continue
-            place = self.placement.place(entry)
+            place = self.admission.place(entry)
             if place == "wait":
                 self.schedule_recheck()
                 return
@@ -318,19 +318,19 @@ class Scheduler(Generic[T]):
                 continue  # a probe found the last engine dead: fail with every reason above
             self._queue.popleft()
             if place is None:
-                self._fail(entry, self.placement.too_large(entry))
+                self._fail(entry, self.admission.too_large(entry))
                 continue
             self._start(entry, place)
 
     def _on_recheck(self) -> None:
         self._recheck = None
-        self.placement.on_recheck()
+        self.admission.on_recheck()
         self._dispatch()
 
     # ---- running ---------------------------------------------------------------------------
 
     def _start(self, entry: Entry, slot: Slot) -> None:
-        self.placement.on_start(entry, slot)
+        self.admission.on_start(entry, slot)
         task = asyncio.get_running_loop().create_task(self._run(entry, slot))
         slot.running[entry.index] = task
         task.add_done_callback(lambda _, e=entry, s=slot: self._never_ran(e, s))
@@ -339,7 +339,7 @@ class Scheduler(Generic[T]):
         """Give back what the job held on its engine; False if that was done already."""
         if slot.running.pop(entry.index, None) is None:
             return False
-        self.placement.on_finish(entry, slot)
+        self.admission.on_finish(entry, slot)
         return True
 
     def _never_ran(self, entry: Entry, slot: Slot) -> None:

@@ -1,4 +1,4 @@
-"""The rollout.v1 gRPC server: a thin servicer over `RolloutWorker`.
+"""The rollout.v1 gRPC server: a thin servicer over `RolloutService`.
 
 `Generate` validates the request (INVALID_ARGUMENT with the reason; UNAVAILABLE when no engine is
 healthy), then streams one `Trajectory` per (problem, sample) in completion order; a trajectory
@@ -6,14 +6,14 @@ whose job failed carries FINISH_REASON_ERROR and the reason. A client that hangs
 jobs it asked for. `Info` lists the engines with their free and total KV tokens.
 `UpdateWeights` reads a stream of pieces of one safetensors payload, checks it against the
 model's names and shapes (INVALID_ARGUMENT naming the tensor; nothing loaded), then loads it into
-every engine between generations (see `RolloutWorker.update_weights`) and answers with the
+every engine between generations (see `RolloutService.update_weights`) and answers with the
 seconds spent receiving and loading. It holds at most the model's own size
-(`RolloutWorker.max_weight_bytes`): a longer stream is answered RESOURCE_EXHAUSTED as soon as it
+(`RolloutService.max_weight_bytes`): a longer stream is answered RESOURCE_EXHAUSTED as soon as it
 passes the cap (the rest of the stream is read and dropped, never held, for at most 30 s, so that
 the sender sees that status), and the engines keep their weights.
 
 `bind(address, token=...)` binds the port before anything slow is built (a port in use fails at
-once); `start_server` is bind plus start for callers that already have a worker. With a token,
+once); `start_server` is bind plus start for callers that already have a service. With a token,
 every call (Generate, Info, UpdateWeights) needs it (UNAUTHENTICATED otherwise,
 `rstar2_proto.auth`); a non-loopback address without a token is refused unless `insecure`; TLS
 when given a PEM certificate and key. Not covered: building engines and the agent loop
@@ -35,35 +35,35 @@ from rstar2_proto.auth import check_bind, server_credentials, server_interceptor
 from rstar2_proto.rollout.v1 import rollout_pb2 as pb
 from rstar2_proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rstar2_rollout import _wire
-from rstar2_rollout.weights import InvalidWeights, load_tensors, read_header
-from rstar2_rollout.worker import (
+from rstar2_rollout.service import (
     InvalidRolloutRequest,
     NoHealthyEngine,
-    RolloutWorker,
+    RolloutService,
     WeightsUnsupported,
 )
+from rstar2_rollout.weights import InvalidWeights, load_tensors, read_header
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 30K-token trajectory with logprobs is ~0.5 MB
 _DRAIN_S = 30.0  # how long a refused weight stream is read (and dropped) to its end
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
-    """Decode, call the worker, encode."""
+    """Decodes each RPC, calls the service and encodes its answer."""
 
-    def __init__(self, worker: RolloutWorker) -> None:
-        self._worker = worker
+    def __init__(self, service: RolloutService) -> None:
+        self._service = service
 
     async def Generate(
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Trajectory]:
         problems, sampling = _wire.decode_request(request)
         try:
-            self._worker.check(problems, sampling)
+            self._service.check(problems, sampling)
         except InvalidRolloutRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NoHealthyEngine as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        stream = self._worker.generate(problems, sampling)
+        stream = self._service.generate(problems, sampling)
         try:
             async for result in stream:
                 yield _wire.encode_result(result)
@@ -73,15 +73,15 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     async def Info(
         self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.InfoResponse:
-        policy = self._worker.scheduler.config.policy.kind
-        return _wire.encode_info(version("rstar2-rollout"), policy, self._worker.info())
+        policy = self._service.scheduler.config.policy.kind
+        return _wire.encode_info(version("rstar2-rollout"), policy, self._service.info())
 
     async def UpdateWeights(
         self, request_iterator: AsyncIterator[pb.WeightChunk], context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
         start = time.perf_counter()
         try:
-            cap = self._worker.max_weight_bytes()
+            cap = self._service.max_weight_bytes()
         except WeightsUnsupported as exc:
             await _drop(request_iterator)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
@@ -99,10 +99,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 )
             data += chunk.data
         try:
-            self._worker.check_weights(read_header(data))
+            self._service.check_weights(read_header(data))
             tensors = await asyncio.to_thread(load_tensors, bytes(data))
             receive_s = time.perf_counter() - start
-            done = await self._worker.update_weights(tensors)
+            done = await self._service.update_weights(tensors)
         except InvalidWeights as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except WeightsUnsupported as exc:
@@ -133,14 +133,14 @@ async def _drop(requests: AsyncIterator[pb.WeightChunk]) -> None:
 
 @dataclass
 class RolloutServer:
-    """A bound (then started) server and the port it bound."""
+    """Holds a bound (then started) gRPC server and the port it bound."""
 
     server: grpc.aio.Server
     port: int
 
-    async def start(self, worker: RolloutWorker) -> None:
-        """Serve `worker` on the bound port."""
-        pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(worker), self.server)
+    async def start(self, service: RolloutService) -> None:
+        """Serve `service` on the bound port."""
+        pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(service), self.server)
         await self.server.start()
 
     @property
@@ -184,10 +184,10 @@ def bind(
 
 
 async def start_server(
-    worker: RolloutWorker, address: str = "127.0.0.1:0", **access: Any
+    service: RolloutService, address: str = "127.0.0.1:0", **access: Any
 ) -> RolloutServer:
     """Bind `address` (port 0 picks a free one), start serving, return the server and its port;
     `access` is `bind`'s token, TLS pair and insecure."""
     server = bind(address, **access)
-    await server.start(worker)
+    await server.start(service)
     return server

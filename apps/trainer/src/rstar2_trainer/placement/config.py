@@ -129,7 +129,7 @@ class RemoteRolloutConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     workers: list[str] = Field(
-        min_length=1, description="host:port of each rollout worker; problems spread over them."
+        min_length=1, description="host:port of each rollout service; problems spread over them."
     )
     connect_timeout_s: float = Field(
         default=120.0, gt=0, description="How long to wait for a worker to answer at start-up."

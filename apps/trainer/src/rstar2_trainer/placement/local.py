@@ -7,8 +7,8 @@ on loopback by default, reached over gRPC exactly as on a cluster; running serve
 pool; a SandboxFusion endpoint), opened by the sandbox package's `open_sandbox`. The verify
 server runs as a child process too; `mode=address` connects to a running one, `mode=local`
 grades in-process. Trajectories come from one `rstar2_rollout.TrajectorySource`: an in-process
-`RolloutWorker` (the rollout package's scheduler and agent loop over local engines), or, with a
-`remote` section, the `rstar2-rollout serve` workers (`remote.RemoteWorkers`; no local engine
+`RolloutService` (the rollout package's scheduler and agent loop over local engines), or, with a
+`remote` section, the `rstar2-rollout serve` services (`remote.RemoteServices`; no local engine
 or sandbox).
 """
 
@@ -25,14 +25,14 @@ import torch
 from rstar2_rollout import (
     ChatFormat,
     Engine,
-    RolloutWorker,
+    RequestLimits,
+    RolloutService,
     TrajectorySource,
-    WorkerConfig,
     build_engine,
     system_prompt,
 )
 from rstar2_rollout.scheduler import Scheduler
-from rstar2_rollout.worker import agent_producer
+from rstar2_rollout.service import agent_producer
 from rstar2_sandbox import Sandbox, open_sandbox
 from rstar2_trainer.config import (
     ConfigError,
@@ -43,7 +43,7 @@ from rstar2_trainer.config import (
 )
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.engines import Engines
-from rstar2_trainer.placement.remote import RemoteWorkers
+from rstar2_trainer.placement.remote import RemoteServices
 from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
 from rstar2_verify import Scorer, Verifier
 
@@ -56,11 +56,11 @@ class Parts:
     model: Any  # transformers PreTrainedModel trained in the driver; None when ranks train
     tokenizer: Any
     engines: Engines  # each engine, metered for idle time (none when remote)
-    source: TrajectorySource  # RolloutWorker over `engines`, or the RemoteWorkers
-    sandbox: Sandbox | None  # None when rollouts run on remote workers (they call their own)
+    source: TrajectorySource  # RolloutService over `engines`, or the RemoteServices
+    sandbox: Sandbox | None  # None when rollouts run on remote services (they call their own)
     scorer: Scorer
     servers: list[ChildServer] = field(default_factory=list)
-    remote: RemoteWorkers | None = None  # the rollout workers, in remote mode
+    remote: RemoteServices | None = None  # the rollout services, in remote mode
     train_group: Any = None  # colocated placement: the ranks that also hold the engines
 
     def check_servers(self) -> None:
@@ -71,13 +71,13 @@ class Parts:
 
 def local_source(
     config: TrainerConfig, engines: Sequence[EngineMeter], sandbox: Sandbox, tokenizer: Any
-) -> tuple[RolloutWorker, Scheduler]:
+) -> tuple[RolloutService, Scheduler]:
     """The rollout package's scheduler and agent loop over `engines`, as a trajectory source."""
     fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
     produce, prompt_tokens = agent_producer(sandbox, fmt, config.rollout)
     scheduler: Scheduler = Scheduler(list(engines), config.scheduler)
-    limits = WorkerConfig(max_trajectories=1 << 30)  # the recipe sizes the batches
-    worker = RolloutWorker(
+    limits = RequestLimits(max_trajectories=1 << 30)  # the recipe sizes the batches
+    service = RolloutService(
         scheduler,
         produce,
         prompt_tokens,
@@ -85,7 +85,7 @@ def local_source(
         engines=engines,
         system_prompt_style=config.rollout.system_prompt,
     )
-    return worker, scheduler
+    return service, scheduler
 
 
 def prepare_model_dir(config: TrainerConfig, run_dir: Path, corpus: Sequence[str] = ()) -> Path:
@@ -214,7 +214,7 @@ async def open_parts(
         scorer = Scorer(verifier, config.reward, tokenizer)
         if config.remote is not None:
             fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
-            remote = await RemoteWorkers.connect(config.remote, fmt.prompt_ids)
+            remote = await RemoteServices.connect(config.remote, fmt.prompt_ids)
             stack.push_async_callback(remote.close)
             yield Parts(
                 model_dir, model, tokenizer, Engines([]), remote, None, scorer, servers, remote

@@ -1,7 +1,7 @@
 """Research code of rstar2-rollout: the scheduling policies that lost, and the simulator.
 
 Nothing on the main surface imports this package: `import rstar2_rollout` loads neither the
-simulator nor these policies. `scheduler.make_placement` imports `policies` when a
+simulator nor these policies. `scheduler.make_admission` imports `policies` when a
 `SchedulerConfig` names a research policy (every kind stays in the config union, so recipes,
 `rstar2-rollout serve --policy` and the benches accept them all). What is here:
 

@@ -34,9 +34,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rstar2_rollout.admission import Admission, Entry, Pool, Slot
 from rstar2_rollout.config import ForecastPolicy
 from rstar2_rollout.engine import Generation, ProgressEngine
-from rstar2_rollout.placement import Entry, Placement, Pool, Slot
 
 
 @dataclass(eq=False)
@@ -51,7 +51,7 @@ class _Track:
     turns: int = 0
 
 
-class Forecast(Placement):
+class Forecast(Admission):
     """See the module docstring."""
 
     def __init__(self, pool: Pool, policy: ForecastPolicy) -> None:

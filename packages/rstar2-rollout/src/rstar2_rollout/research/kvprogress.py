@@ -1,9 +1,9 @@
-"""kv_progress as a `Placement`: the paper's promise turn by turn on the exact worst case.
+"""kv_progress as a `Admission`: the paper's promise turn by turn on the exact worst case.
 
 Research code (not the default; see SCHEDULER.md "Results"): each engine's books are a
 `kvgate.TurnGate`; a new job goes to the engine with the most room for its first turn at its
 maximum length, and every later turn waits on its engine until `kvbound.peak_kv_tokens` of the
-engine's turns plus this one fits. No preemption, ever. Built by `scheduler.make_placement` only
+engine's turns plus this one fits. No preemption, ever. Built by `scheduler.make_admission` only
 when `SchedulerConfig.policy.kind == "kv_progress"`.
 """
 
@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
+from rstar2_rollout.admission import Admission, Entry, Pool, Slot
 from rstar2_rollout.config import KVProgressPolicy
 from rstar2_rollout.engine import Generation
 from rstar2_rollout.job import EngineDeadError
-from rstar2_rollout.placement import Entry, Placement, Pool, Slot
 from rstar2_rollout.research.kvgate import TurnGate, WaitingTurn
 
 
-class KVProgress(Placement):
+class KVProgress(Admission):
     """The paper's promise turn by turn on the exact worst case (`kvgate.TurnGate` per engine)."""
 
     def __init__(self, pool: Pool, policy: KVProgressPolicy) -> None:

@@ -1,4 +1,4 @@
-"""The dispatch of peer frameworks as `Placement`s, each with the engine's own admission.
+"""Reproduces the dispatch of peer frameworks as `Admission` policies; the engine admits by itself.
 
 None of these looks at the KV cache: a job is handed to an engine at once (or when a count cap
 allows) and the engine queues, admits and preempts by itself, as it does under each framework.
@@ -22,15 +22,15 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
+from rstar2_rollout.admission import Admission, Entry, Pool, Slot
 from rstar2_rollout.config import (
     CacheAwarePolicy,
     LeastTokensPolicy,
     PowerOfTwoPolicy,
 )
-from rstar2_rollout.placement import Entry, Placement, Pool, Slot
 
 
-class RoundRobin(Placement):
+class RoundRobin(Admission):
     def place(self, entry: Entry) -> Slot | Literal["wait"] | None:
         alive = list(self.alive())
         return alive[entry.index % len(alive)] if alive else None
@@ -45,7 +45,7 @@ class StaticSlices(RoundRobin):
         return alive[pos * len(alive) // size] if alive else None
 
 
-class PowerOfTwo(Placement):
+class PowerOfTwo(Admission):
     def __init__(self, pool: Pool, policy: PowerOfTwoPolicy) -> None:
         super().__init__(pool)
         self._rng = random.Random(policy.seed)
@@ -58,7 +58,7 @@ class PowerOfTwo(Placement):
         return min((a, b), key=lambda s: (len(s.running), s.index))
 
 
-class CacheAware(Placement):
+class CacheAware(Admission):
     def __init__(self, pool: Pool, policy: CacheAwarePolicy) -> None:
         super().__init__(pool)
         self.policy = policy
@@ -87,7 +87,7 @@ class CacheAware(Placement):
         return slot
 
 
-class LeastTokens(Placement):
+class LeastTokens(Admission):
     def __init__(self, pool: Pool, policy: LeastTokensPolicy) -> None:
         super().__init__(pool)
         self._pending: dict[int, dict[int, int]] = {s.index: {} for s in pool.slots}

@@ -1,6 +1,6 @@
-"""The research policies' `Placement`s, by config: what `scheduler.make_placement` imports lazily.
+"""The research policies' `Admission`s, by config: what `scheduler.make_admission` imports lazily.
 
-`make_research_placement(policy, pool)` builds the placement of every `SchedulerConfig.policy`
+`make_research_admission(policy, pool)` builds the admission of every `SchedulerConfig.policy`
 kind that is not on the main surface (kv_progress, forecast, static, power_of_two, cache_aware,
 least_tokens); it raises for a kind it does not know (the main surface builds least_requests and
 kv_aware itself).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from rstar2_rollout.admission import Admission, Pool
 from rstar2_rollout.config import (
     CacheAwarePolicy,
     ForecastPolicy,
@@ -18,7 +19,6 @@ from rstar2_rollout.config import (
     PowerOfTwoPolicy,
     StaticPolicy,
 )
-from rstar2_rollout.placement import Placement, Pool
 from rstar2_rollout.research.forecast import Forecast
 from rstar2_rollout.research.kvprogress import KVProgress
 from rstar2_rollout.research.peers import (
@@ -30,8 +30,8 @@ from rstar2_rollout.research.peers import (
 )
 
 
-def make_research_placement(policy: BaseModel, pool: Pool) -> Placement:
-    """The placement of a research policy's config, over the engines of `pool`."""
+def make_research_admission(policy: BaseModel, pool: Pool) -> Admission:
+    """Builds the admission of a research policy's config, over the engines of `pool`."""
     if isinstance(policy, ForecastPolicy):
         return Forecast(pool, policy)
     if isinstance(policy, KVProgressPolicy):
@@ -44,4 +44,4 @@ def make_research_placement(policy: BaseModel, pool: Pool) -> Placement:
         return CacheAware(pool, policy)
     if isinstance(policy, LeastTokensPolicy):
         return LeastTokens(pool, policy)
-    raise AssertionError(f"no placement for {policy!r}")  # the union is closed
+    raise AssertionError(f"no admission for {policy!r}")  # the union is closed

@@ -313,7 +313,7 @@ def simulate(
     forced_lengths: bool = False,
 ) -> SimResult:
     """Run one step of `scenario` under `config` on a virtual clock; `turn_barrier` adds
-    VERL v0.2's per-turn synchronisation (`TurnBarrier`) on top of the placement policy and
+    VERL v0.2's per-turn synchronisation (`TurnBarrier`) on top of the scheduling policy and
     `order` the submission order (see the module docstring). Each turn asks for the whole
     budget left and stops at its drawn length, as a model stops at its end token; with
     `forced_lengths` it asks for exactly its drawn length (`max_tokens`, as a benchmark on a

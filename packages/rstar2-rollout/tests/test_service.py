@@ -1,4 +1,4 @@
-"""The gRPC rollout worker end to end on 127.0.0.1:0: a real server and client, over simulated
+"""The gRPC rollout service end to end on 127.0.0.1:0: a real server and client, over simulated
 engines (an Engine implementation, on the real clock here) with a scripted produce coroutine that
 runs generate turns and awaits a tool between them, and over the transformers engine with a tiny
 model, the agent loop and the real LocalSandbox."""
@@ -14,26 +14,26 @@ import pytest
 from rstar2_rollout.client import RolloutClient, RolloutError
 from rstar2_rollout.config import KVAwarePolicy, KVProgressPolicy, SchedulerConfig
 from rstar2_rollout.engine import Engine, SamplingParams
-from rstar2_rollout.loop import Problem
+from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import start_server
+from rstar2_rollout.service import RolloutResult, RolloutSampling, RolloutService
 from rstar2_rollout.trajectory import ToolCallRecord, Trajectory
-from rstar2_rollout.worker import RolloutSampling, RolloutWorker, WorkerResult
 
 FAST = EngineModel(
     kv_tokens=4_000, base_step_s=1e-4, per_request_step_s=0.0, per_kv_token_step_s=0.0
 )
 TOOL_S = 0.05
-PROBLEMS = [Problem(f"q{i}", f"What is {i} + {i}?") for i in range(3)]
+PROBLEMS = [RolloutTask(f"q{i}", f"What is {i} + {i}?") for i in range(3)]
 
 
-def prompt_ids(problem: Problem) -> list[int]:
+def prompt_ids(problem: RolloutTask) -> list[int]:
     return list(problem.question.encode())
 
 
 async def produce(
-    problem: Problem, index: int, engine: Engine, sampling: RolloutSampling
+    problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
 ) -> Trajectory:
     """A scripted agent: 1 + index % 3 turns of generation with a tool call between turns."""
     loop = asyncio.get_running_loop()
@@ -70,8 +70,8 @@ def with_worker(
     async def main() -> Any:
         sims = [SimEngine(f"engine-{i}", model) for i in range(engines)]
         scheduler: Scheduler[Any] = Scheduler(sims, config)
-        worker = RolloutWorker(scheduler, produce, lambda p: len(prompt_ids(p)))
-        server = await start_server(worker)
+        service = RolloutService(scheduler, produce, lambda p: len(prompt_ids(p)))
+        server = await start_server(service)
         try:
             async with RolloutClient(server.target) as client:
                 return await body(client, sims, scheduler)
@@ -84,7 +84,7 @@ def with_worker(
 
 
 def test_trajectories_stream_back_in_completion_order() -> None:
-    async def body(client: RolloutClient, sims, scheduler) -> list[WorkerResult]:
+    async def body(client: RolloutClient, sims, scheduler) -> list[RolloutResult]:
         sampling = RolloutSampling(n=4, max_response_tokens=300, seed=11)
         return [r async for r in client.generate(PROBLEMS, sampling)]
 
@@ -223,19 +223,19 @@ def test_real_engines_agent_loop_and_sandbox_behind_the_worker(
 
     from rstar2_rollout.config import KVAwarePolicy, RolloutConfig, SchedulerConfig
     from rstar2_rollout.engines.hf import HFEngine
-    from rstar2_rollout.worker import agent_producer
+    from rstar2_rollout.service import agent_producer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     engines = [HFEngine(model, tokenizer, name=f"hf-{i}") for i in range(2)]
     produce, prompt_tokens = agent_producer(sandbox, tokenizer, RolloutConfig())
     # transformers reports no KV cache: say what each engine may hold (two trajectories here)
-    problems = [Problem("a", "What is 6*7?"), Problem("b", "Sum 1..10?")]
+    problems = [RolloutTask("a", "What is 6*7?"), RolloutTask("b", "Sum 1..10?")]
     longest = max(prompt_tokens(p) for p in problems)
     config = SchedulerConfig(policy=KVAwarePolicy(kv_tokens_fallback=2 * (longest + 24)))
 
     async def main():
         scheduler: Scheduler[Trajectory] = Scheduler(engines, config)
-        server = await start_server(RolloutWorker(scheduler, produce, prompt_tokens))
+        server = await start_server(RolloutService(scheduler, produce, prompt_tokens))
         try:
             async with RolloutClient(server.target) as client:
                 sampling = RolloutSampling(n=3, max_response_tokens=24, max_turns=2, seed=5)
@@ -273,27 +273,27 @@ def test_a_weight_update_waits_for_running_generations_and_holds_new_ones() -> N
 
     async def main():
         sims = [SimEngine(f"engine-{i}", FAST) for i in range(2)]
-        worker = RolloutWorker(
+        service = RolloutService(
             Scheduler(sims), produce, lambda p: len(prompt_ids(p)), engines=sims, weights=spec
         )
         events: list[str] = []
         sampling = RolloutSampling(n=4, max_response_tokens=300)
 
         async def generate(tag: str) -> None:
-            async for _ in worker.generate(PROBLEMS, sampling):
+            async for _ in service.generate(PROBLEMS, sampling):
                 pass
             events.append(tag)
 
         first = asyncio.create_task(generate("first generation done"))
         await asyncio.sleep(TOOL_S / 2)  # the first generation is running
-        update = asyncio.create_task(worker.update_weights([("w", torch.ones(2, 2))]))
+        update = asyncio.create_task(service.update_weights([("w", torch.ones(2, 2))]))
         await asyncio.sleep(0)
         second = asyncio.create_task(generate("second generation done"))
         done = await update
         events.append("update done")
         await asyncio.gather(first, second)
         with pytest.raises(InvalidWeights, match=r"'w' has shape \[3\]; the model's is \[2, 2\]"):
-            await worker.update_weights([("w", torch.ones(3))])
+            await service.update_weights([("w", torch.ones(3))])
         return events, done
 
     events, done = asyncio.run(main())

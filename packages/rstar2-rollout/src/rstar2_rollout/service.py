@@ -1,10 +1,10 @@
-"""The rollout worker: problems and sampling settings in, trajectories out, on this node's engines.
+"""The rollout service: problems and sampling settings in, trajectories out, on this node's engines.
 
-`RolloutWorker` owns a `Scheduler` over the node's engines and an injected coroutine
+`RolloutService` owns a `Scheduler` over the node's engines and an injected coroutine
 `produce(problem, sample_index, engine, sampling) -> Trajectory`; `agent_producer` builds it
 from the agent loop (`run_agent`, which derives per-sample, per-turn seeds from the request seed).
 For every problem it runs `sampling.n` jobs, each reserving prompt + max_response_tokens on one
-engine, and yields `WorkerResult`s in completion order. A failed job (its engine died, the loop
+engine, and yields `RolloutResult`s in completion order. A failed job (its engine died, the loop
 raised) comes back as a trajectory with finish_reason "error" and the reason, rather than ending
 the stream.
 
@@ -32,12 +32,12 @@ from typing import Any
 from rstar2_rollout.chat import ChatFormat, Tokenizer, system_prompt
 from rstar2_rollout.config import (
     LeastRequestsPolicy,
+    RequestLimits,
     RolloutConfig,
     SchedulerConfig,
-    WorkerConfig,
 )
 from rstar2_rollout.engine import Engine
-from rstar2_rollout.loop import Problem, run_agent
+from rstar2_rollout.loop import RolloutTask, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, Scheduler
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_rollout.weights import TensorInfo, WeightSpec
@@ -46,11 +46,11 @@ from rstar2_sandbox import Sandbox
 
 @dataclass(frozen=True)
 class RolloutSampling:
-    """Settings of one request; 0 for max_response_tokens / max_turns means the worker's default,
-    None for an agent-loop setting keeps the worker's own (its `RolloutConfig`).
+    """Carries the settings of one request; 0 for max_response_tokens / max_turns means the service's default,
+    None for an agent-loop setting keeps the service's own (its `RolloutConfig`).
 
     `of(config, n)` carries every setting of a `RolloutConfig` that shapes a trajectory, so a
-    remote worker rolls out exactly as a local one (only the system prompt is the worker's:
+    remote service rolls out exactly as a local one (only the system prompt is the service's:
     it renders the prompts, and a request naming another is refused)."""
 
     n: int = 1
@@ -65,11 +65,11 @@ class RolloutSampling:
     max_tool_calls_per_turn: int | None = None
     max_tool_response_chars: int | None = None
     tool_timeout_s: float | None = None
-    system_prompt: str = ""  # "" : the worker's
+    system_prompt: str = ""  # "" : the service's
 
     @classmethod
     def of(cls, config: RolloutConfig, n: int) -> RolloutSampling:
-        """Every trajectory-shaping setting of `config`, for `n` samples per problem."""
+        """Copies every trajectory-shaping setting of `config`, for `n` samples per problem."""
         return cls(
             n=n,
             temperature=config.temperature,
@@ -87,7 +87,7 @@ class RolloutSampling:
         )
 
     def apply(self, base: RolloutConfig) -> RolloutConfig:
-        """`base` with this request's settings (defaults already filled by the worker)."""
+        """Returns `base` with this request's settings (defaults already filled by the service)."""
         update: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -102,7 +102,7 @@ class RolloutSampling:
         return base.model_copy(update=update)
 
 
-# Agent-loop settings a request may carry (None: the worker's own).
+# Agent-loop settings a request may carry (None: the service's own).
 _LOOP_SETTINGS = (
     "count_tool_tokens",
     "max_tokens_per_turn",
@@ -114,8 +114,8 @@ _LOOP_SETTINGS = (
 
 
 @dataclass(frozen=True)
-class WorkerResult:
-    """One finished job: its trajectory (finish_reason "error" when the job failed), the engine
+class RolloutResult:
+    """Reports one finished job: its trajectory (finish_reason "error" when the job failed), the engine
     that ran it, and how long it waited for one."""
 
     trajectory: Trajectory
@@ -123,12 +123,12 @@ class WorkerResult:
     queued_s: float
 
 
-Produce = Callable[[Problem, int, Engine, RolloutSampling], Awaitable[Trajectory]]
+Produce = Callable[[RolloutTask, int, Engine, RolloutSampling], Awaitable[Trajectory]]
 
 
 def agent_producer(
     sandbox: Sandbox, tokenizer: Tokenizer | ChatFormat, base: RolloutConfig
-) -> tuple[Produce, Callable[[Problem], int]]:
+) -> tuple[Produce, Callable[[RolloutTask], int]]:
     """`produce` over the agent loop (`run_agent`) and the prompt-length function it implies.
 
     A request's settings override `base` (`RolloutSampling.apply`); the rest (the system prompt)
@@ -141,7 +141,7 @@ def agent_producer(
     )
 
     async def produce(
-        problem: Problem, index: int, engine: Engine, sampling: RolloutSampling
+        problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
     ) -> Trajectory:
         config = sampling.apply(base)
         return await run_agent(engine, sandbox, fmt, problem, config, sample_index=index)
@@ -149,15 +149,15 @@ def agent_producer(
     return produce, lambda problem: len(fmt.prompt_ids(problem.question))
 
 
-def one_engine_worker(
+def one_engine_service(
     engine: Engine, sandbox: Sandbox, tokenizer: Tokenizer, config: RolloutConfig
-) -> RolloutWorker:
-    """A worker over one engine running the agent loop, `config.max_concurrency` samples at once
-    (an evaluation's, a label check's); the caller closes `worker.scheduler`."""
+) -> RolloutService:
+    """A service over one engine running the agent loop, `config.max_concurrency` samples at once
+    (an evaluation's, a label check's); the caller closes `service.scheduler`."""
     produce, prompt_tokens = agent_producer(sandbox, tokenizer, config)
     policy = LeastRequestsPolicy(max_running_per_engine=config.max_concurrency)
     scheduler: Scheduler[Trajectory] = Scheduler([engine], SchedulerConfig(policy=policy))
-    return RolloutWorker(
+    return RolloutService(
         scheduler, produce, prompt_tokens, system_prompt_style=config.system_prompt
     )
 
@@ -171,27 +171,27 @@ class NoHealthyEngine(RuntimeError):
 
 
 class WeightsUnsupported(RuntimeError):
-    """This worker cannot take weight updates as started (FAILED_PRECONDITION)."""
+    """This service cannot take weight updates as started (FAILED_PRECONDITION)."""
 
 
 @dataclass(frozen=True)
 class WeightLoad:
-    """What one weight update did: tensors loaded, into which engines, in how many seconds."""
+    """Reports what one weight update did: tensors loaded, into which engines, in how long."""
 
     tensors: int
     engines: list[str]
     load_s: float
 
 
-class RolloutWorker:
+class RolloutService:
     """Turns problems into trajectories on the engines of one scheduler (see module docstring)."""
 
     def __init__(
         self,
         scheduler: Scheduler[Trajectory],
         produce: Produce,
-        prompt_tokens: Callable[[Problem], int],
-        config: WorkerConfig | None = None,
+        prompt_tokens: Callable[[RolloutTask], int],
+        config: RequestLimits | None = None,
         engines: Sequence[Engine] = (),
         weights: WeightSpec | None = None,
         system_prompt_style: str = "",
@@ -199,7 +199,7 @@ class RolloutWorker:
         """`engines` are the scheduler's (for weight updates); `weights` checks their payloads;
         `system_prompt_style` is the style `produce` renders prompts in ("" : not checked)."""
         self.scheduler = scheduler
-        self.config = config or WorkerConfig()
+        self.config = config or RequestLimits()
         self.engines = list(engines)
         self.weights = weights
         self._produce = produce
@@ -210,7 +210,7 @@ class RolloutWorker:
         self._updates = 0  # updates waiting or running: new generations wait behind them
         self._loading: asyncio.Lock | None = None  # one update at a time
 
-    def check(self, problems: Sequence[Problem], sampling: RolloutSampling) -> RolloutSampling:
+    def check(self, problems: Sequence[RolloutTask], sampling: RolloutSampling) -> RolloutSampling:
         """Validate a request and fill its defaults; raise InvalidRolloutRequest/NoHealthyEngine."""
         if not problems:
             raise InvalidRolloutRequest("no problems in the request")
@@ -233,7 +233,7 @@ class RolloutWorker:
         style = sampling.system_prompt
         if style and self._system_prompt and style != self._system_prompt:
             raise InvalidRolloutRequest(
-                f"the request asks for system prompt {style!r}, this worker renders "
+                f"the request asks for system prompt {style!r}, this service renders "
                 f"{self._system_prompt!r}: start it with --system-prompt {style}"
             )
         if not 0 <= sampling.top_p <= 1:
@@ -251,7 +251,7 @@ class RolloutWorker:
             dup = next(i for i in ids if ids.count(i) > 1)
             raise InvalidRolloutRequest(f"problem id {dup!r} appears more than once")
         if not any(s.healthy for s in self.scheduler.status()):
-            raise NoHealthyEngine("no healthy engine on this worker: " + self._reasons())
+            raise NoHealthyEngine("no healthy engine on this service: " + self._reasons())
         resolved = replace(
             sampling,
             max_response_tokens=sampling.max_response_tokens or self.config.max_response_tokens,
@@ -262,13 +262,13 @@ class RolloutWorker:
         if not self.scheduler.fits(biggest):
             raise InvalidRolloutRequest(
                 f"a trajectory needs up to {biggest} KV tokens (prompt + max_response_tokens);"
-                " no engine on this worker holds that many: lower max_response_tokens"
+                " no engine on this service holds that many: lower max_response_tokens"
             )
         return resolved
 
     async def generate(
-        self, problems: Sequence[Problem], sampling: RolloutSampling
-    ) -> AsyncGenerator[WorkerResult, None]:
+        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
+    ) -> AsyncGenerator[RolloutResult, None]:
         """Yield one result per (problem, sample) as each finishes; closing early cancels the rest."""
         samples = [(p, i) for p in problems for i in range(max(sampling.n, 0))]
         async for result in self.generate_samples(samples, sampling, problems=problems):
@@ -276,11 +276,11 @@ class RolloutWorker:
 
     async def generate_samples(
         self,
-        samples: Sequence[tuple[Problem, int]],
+        samples: Sequence[tuple[RolloutTask, int]],
         sampling: RolloutSampling,
         *,
-        problems: Sequence[Problem] | None = None,
-    ) -> AsyncGenerator[WorkerResult, None]:
+        problems: Sequence[RolloutTask] | None = None,
+    ) -> AsyncGenerator[RolloutResult, None]:
         """`generate` for chosen (problem, sample index) pairs (a resumed evaluation's missing
         ones): the index, not the position, seeds a sample."""
         if problems is None:
@@ -299,8 +299,8 @@ class RolloutWorker:
                 gate.notify_all()
 
     async def _generate(
-        self, samples: Sequence[tuple[Problem, int]], resolved: RolloutSampling
-    ) -> AsyncGenerator[WorkerResult, None]:
+        self, samples: Sequence[tuple[RolloutTask, int]], resolved: RolloutSampling
+    ) -> AsyncGenerator[RolloutResult, None]:
         jobs: list[Job[Trajectory]] = []
         for problem, i in samples:
             reserve = self._prompt_tokens(problem)
@@ -318,29 +318,29 @@ class RolloutWorker:
                 if traj is None or r.error:
                     traj = Trajectory(group_id=problem_id, sample_index=index)
                     traj.finish_reason, traj.error = "error", r.error or "the job returned nothing"
-                yield WorkerResult(traj, r.engine or "", start - r.submitted_at)
+                yield RolloutResult(traj, r.engine or "", start - r.submitted_at)
         finally:
             await stream.aclose()
 
     def check_weights(self, payload: dict[str, TensorInfo]) -> None:
-        """Raise InvalidWeights / WeightsUnsupported for a payload this worker cannot load."""
+        """Raise InvalidWeights / WeightsUnsupported for a payload this service cannot load."""
         if not self.engines:
-            raise WeightsUnsupported("this worker was given no engines to update")
+            raise WeightsUnsupported("this service was given no engines to update")
         if self.weights is None:
             raise WeightsUnsupported(
-                "this worker knows no weight names and shapes (its model folder has no"
+                "this service knows no weight names and shapes (its model folder has no"
                 " *.safetensors), so it cannot check an update"
             )
         self.weights.check(payload)
 
     def max_weight_bytes(self) -> int:
-        """The largest weight update accepted (the model's own size, see
-        `WeightSpec.max_payload_bytes`); WeightsUnsupported when this worker takes none."""
+        """Returns the largest weight update accepted (the model's own size, see
+        `WeightSpec.max_payload_bytes`); WeightsUnsupported when this service takes none."""
         if not self.engines:
-            raise WeightsUnsupported("this worker was given no engines to update")
+            raise WeightsUnsupported("this service was given no engines to update")
         if self.weights is None:
             raise WeightsUnsupported(
-                "this worker knows no weight names and shapes (its model folder has no"
+                "this service knows no weight names and shapes (its model folder has no"
                 " *.safetensors), so it cannot check an update"
             )
         return self.weights.max_payload_bytes()
@@ -367,7 +367,7 @@ class RolloutWorker:
         healthy = {s.name for s in self.scheduler.status() if s.healthy}
         targets = [e for e in self.engines if e.name in healthy]
         if not targets:
-            raise NoHealthyEngine("no healthy engine on this worker: " + self._reasons())
+            raise NoHealthyEngine("no healthy engine on this service: " + self._reasons())
         start = time.perf_counter()
         await asyncio.gather(*(e.update_weights(named_tensors) for e in targets))
         names = [e.name for e in targets]

@@ -1,7 +1,10 @@
-"""Scheduling policies as objects: where a job goes, whether it may start, and its turns' gates.
+"""Admission: each scheduling policy as an object that decides which engine a job gets, whether it
+may start now, and whether each of its turns may run.
 
-Every policy of `SchedulerConfig.policy` becomes one `Placement` (`make_placement`), built once
-when the `Scheduler` is. The scheduler core keeps the queue, failures and the job lifecycle and
+(The trainer's `placement/` decides where services and engines run; this module decides nothing
+about processes, only which of the running engines takes a job.) Every policy of
+`SchedulerConfig.policy` becomes one `Admission` (`scheduler.make_admission`), built once when the
+`Scheduler` is. The scheduler core keeps the queue, failures and the job lifecycle and
 calls the same hooks whatever the policy:
 
 - `place(entry)`: an engine for the job at the head of the queue, `"wait"` (try again when
@@ -36,7 +39,7 @@ from rstar2_rollout.job import Job
 
 @dataclass(eq=False)
 class Slot:
-    """One engine as the scheduler core keeps it."""
+    """Holds what the scheduler core knows of one engine: whether it lives, its errors, its jobs."""
 
     engine: Engine
     index: int
@@ -48,7 +51,8 @@ class Slot:
 
 @dataclass(eq=False)
 class Entry:
-    """A submitted job: its index, its future, and its place in the batch it came with."""
+    """Holds a submitted job with its index, the future its result goes to, and its position in
+    the batch it came with."""
 
     index: int
     job: Job[Any]
@@ -58,7 +62,8 @@ class Entry:
 
 
 class Pool(Protocol):
-    """What a policy sees of the scheduler: the engines and two ways to ask for another look."""
+    """Shows a policy what it may use of the scheduler: the engines, their capacity, and two ways
+    to ask for another look."""
 
     slots: list[Slot]
 
@@ -68,8 +73,9 @@ class Pool(Protocol):
     def schedule_recheck(self) -> None: ...
 
 
-class Placement:
-    """A policy with every hook at its neutral value: jobs go where `place` says, turns run."""
+class Admission:
+    """Decides for the scheduler which engine takes each job and when; every hook here is at its
+    neutral value (jobs go where `place` says, turns run at once), and subclasses override some."""
 
     recheck_interval_s: float | None = None
 
@@ -102,7 +108,7 @@ class Placement:
         )
 
     def reserved(self, slot: Slot) -> int:
-        """KV tokens the policy counts as promised on this engine (reported in `status`)."""
+        """Returns the KV tokens the policy counts as promised on this engine (reported in `status`)."""
         return 0
 
     def on_start(self, entry: Entry, slot: Slot) -> None:
@@ -127,9 +133,9 @@ class Placement:
         """The recheck timer fired: the engines moved on."""
 
 
-class LeastRequests(Placement):
-    """verl v0.5's dispatch (the default): the engine running the fewest jobs, sticky for the
-    job's life; with `max_running_per_engine`, AReaL's cap (the job waits)."""
+class LeastRequests(Admission):
+    """Sends each job to the engine running the fewest jobs, where it stays for its life (verl
+    v0.5's dispatch, the default); with `max_running_per_engine`, a job waits at AReaL's cap."""
 
     def __init__(self, pool: Pool, policy: LeastRequestsPolicy) -> None:
         super().__init__(pool)
@@ -143,8 +149,9 @@ class LeastRequests(Placement):
         return "wait" if self.cap is not None and len(slot.running) >= self.cap else slot
 
 
-class KVAware(Placement):
-    """rStar2-Agent's rule as written: prompt + max response must fit the engine's headroom."""
+class KVAware(Admission):
+    """Admits a job only to an engine whose headroom holds its prompt + max response tokens
+    (rStar2-Agent's rule as written)."""
 
     def __init__(self, pool: Pool, policy: KVAwarePolicy) -> None:
         super().__init__(pool)
