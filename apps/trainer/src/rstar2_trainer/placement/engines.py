@@ -176,22 +176,20 @@ class Engines(Sequence[Any]):
             return SyncReport()
         dtypes = await self._each(self.alive, lambda e: _inner(e).weight_dtype_name())
         wake_s = await self.wake(["weights"])
-        report = SyncReport()
-        for attempt in range(2):
+        sent, failed = await self._over_channel(ranks, dtypes[0], bucket_bytes, timeout_s)
+        if failed is not None and failed[1]:  # an engine died mid-sync: again, the survivors
             sent, failed = await self._over_channel(ranks, dtypes[0], bucket_bytes, timeout_s)
-            lost_now = failed is not None and failed[1]
-            if failed is None:
-                report.bytes_moved = int(sent["bytes_moved"])
-                report.buckets = int(sent["buckets"])
-                report.load_s = float(sent["seconds"])
-                report.extra["time_sync_connect_s"] = float(sent["connect_s"])
-                break
-            if not lost_now or attempt == 1:
-                raise EngineError(f"weight sync over the channel failed: {failed[0]}")
+        if failed is not None:
+            raise EngineError(f"weight sync over the channel failed: {failed[0]}")
         wake_s += await self.wake(["kv_cache"])
-        report.wake_s = wake_s
-        report.total_s = time.perf_counter() - start
-        return report
+        return SyncReport(
+            bytes_moved=int(sent["bytes_moved"]),
+            buckets=int(sent["buckets"]),
+            wake_s=wake_s,
+            load_s=float(sent["seconds"]),
+            total_s=time.perf_counter() - start,
+            extra={"time_sync_connect_s": float(sent["connect_s"])},
+        )
 
     async def _over_channel(
         self, ranks: Any, dtype: str, bucket_bytes: int, timeout_s: float
