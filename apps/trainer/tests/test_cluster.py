@@ -268,14 +268,15 @@ def test_colocating_cpu_engines_is_refused_before_any_actor_starts(tmp_path):
 @pytest.mark.slow
 def test_train_workers_match_one_process_and_feed_the_engine(tmp_path):
     """Two FSDP2 ranks as Ray actors (gloo) take the step one process takes on the same rows;
-    rank 0's weights go through the object store into an engine, whose greedy output then
+    rank 0's weights go over the weight channel into an engine, whose greedy output then
     matches transformers with the stepped weights."""
     import ray
     from transformers import AutoModelForCausalLM
 
     from rstar2_rollout.tiny import build_tiny_model
+    from rstar2_trainer.placement.engines import Engines
     from rstar2_trainer.training.distributed import DistributedConfig, Row, train_step
-    from rstar2_trainer.training.train_workers import TrainGroup, sft_loss, sync_to_engines
+    from rstar2_trainer.training.train_workers import TrainGroup, sft_loss
 
     before = _descendants()
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
@@ -310,10 +311,10 @@ def test_train_workers_match_one_process_and_feed_the_engine(tmp_path):
         )
         try:
             result = await group.step(rows, sft_loss, **step)
-            state = dict(await (await group.state_ref()))
+            state = dict(await group.full_state())
             (engine,) = await start_engines(config, cluster, model_dir)
             try:
-                times = await sync_to_engines(group, [engine])
+                times = await Engines([engine]).push_channel(group, bucket_bytes=1 << 20)
                 prompt = rows[0].prompt_ids
                 greedy = SamplingParams(max_tokens=12, temperature=0.0, logprobs=False)
                 out = await engine.generate(prompt, greedy, "after-step")

@@ -225,6 +225,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
     from rstar2_rollout.engine import SamplingParams
     from rstar2_trainer.config import load_config
     from rstar2_trainer.placement.cluster import connect, start_engines
+    from rstar2_trainer.placement.engines import Engines
     from rstar2_trainer.training.worker_policy import open_worker_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
@@ -258,7 +259,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
             out["state"] = dict(await workers.group.full_state())
             (engine,) = await start_engines(config, cluster, model_dir)
             try:
-                out["sync"] = await workers.sync(SimpleNamespace(engines=[engine]))
+                out["sync"] = await workers.sync(SimpleNamespace(engines=Engines([engine])))
                 out["tokens"] = (await engine.generate(prompt, greedy, "after")).token_ids
             finally:
                 await engine.close()

@@ -17,10 +17,11 @@ trainer's loop does not change. Two placements of engines and training ranks:
   must not block the event loop, so it returns the capacity the actor reported with its last
   answer (the scheduler also counts what it has reserved, so a slightly old number never
   over-admits).
-- Weight sync, split: rank 0 gathers the weights into Ray's object store and every engine actor
-  loads them (`train_workers.sync_to_engines`); with the driver training, the first engine to
-  sync puts the state dict in the object store once (`WeightPublisher`). Colocated: each rank
-  pushes into its own engine (`colocated.py`).
+- Weight sync, split with training ranks: rank 0 broadcasts the weights, gathered by all ranks
+  and cast to the engines' dtype, in buckets over a weight channel that every engine actor joins
+  (`Engines.push_channel`, `TrainWorker.send_weights`, `EngineActor.receive_weights`); with the
+  driver training, the first engine to sync puts the driver's state dict in the object store
+  once (`WeightPublisher`). Colocated: each rank pushes into its own engine (`colocated.py`).
 - Each actor builds its engine with rstar2-rollout's `build_engine` from `config.engine_for`: the
   recipe's `engine` section, with the policy's folder, context, seed, tensor parallelism and sleep
   mode filled in where the recipe leaves them unset.
@@ -183,6 +184,21 @@ class RayEngine:
         self.last_load_s = await self.actor.update_weights.remote(ref)
         self._capacity = await self.actor.kv_capacity.remote()
         return self.last_load_s
+
+    async def weight_dtype_name(self) -> str:
+        """The engine's weight dtype ("bfloat16"); a cheap call, so also a liveness check."""
+        return await self.actor.weight_dtype.remote()
+
+    async def receive_weights(
+        self, address: str, rank: int, world_size: int, backend: str, timeout_s: float
+    ) -> dict[str, float]:
+        """The actor joins the weight channel as `rank` and loads one sync; its report."""
+        report = await self.actor.receive_weights.remote(
+            address, rank, world_size, backend, timeout_s
+        )
+        self.last_load_s = report["seconds"]
+        self._capacity = await self.actor.kv_capacity.remote()
+        return report
 
     async def sleep(self, level: int = 1) -> None:
         await self.actor.sleep.remote(level)

@@ -6,7 +6,8 @@ use vLLM). It answers one generation turn at a time (any number concurrently: th
 engine's running batch), reports its KV-cache capacity and, for a `ProgressEngine`, the progress
 of its running requests with every answer so the driver's scheduler sees fresh numbers without a
 blocking call (an old progress report is safe to admit on: requests look further from their end
-than they are), and loads new weights from the object store, reporting the seconds it took.
+than they are), and loads new weights: from the object store (`update_weights`, the driver's
+policy) or over the weight channel from training rank 0 (`receive_weights`: split placement).
 Sleep and wake (free the GPU for a colocated update) call a `SleepingEngine`'s `sleep(level)` /
 `wake_up(tags)`; a vLLM engine must be built with `enable_sleep_mode` (CUDA and ROCm only).
 
@@ -83,6 +84,53 @@ class EngineActor:
 
     def can_sleep(self) -> bool:
         return isinstance(self._engine, SleepingEngine) and self._engine.can_sleep
+
+    def weight_dtype(self) -> str:
+        """The dtype the engine computes in ("bfloat16"), what a sync should send."""
+        dtype = getattr(self._engine, "weight_dtype", None)
+        return str(dtype).removeprefix("torch.") if dtype is not None else "bfloat16"
+
+    async def receive_weights(
+        self, address: str, rank: int, world_size: int, backend: str, timeout_s: float
+    ) -> dict[str, float]:
+        """Join the weight channel at `address` as `rank` and load the one sync rank 0 sends
+        (`weight_channel.WeightReceiver`); bytes, buckets and seconds. A `StreamingEngine`
+        loads bucket by bucket; another engine gets the whole list at the end."""
+        import asyncio
+
+        from rstar2_rollout import StreamingEngine
+        from rstar2_rollout.weight_channel import WeightReceiver
+
+        start = time.perf_counter()
+        device = "cuda" if backend == "nccl" else "cpu"
+
+        def join() -> WeightReceiver:
+            receiver = WeightReceiver(address, rank, world_size, backend, device, timeout_s)
+            receiver.connect()
+            return receiver
+
+        receiver = await asyncio.to_thread(join)
+        connected = time.perf_counter()
+        try:
+            if isinstance(self._engine, StreamingEngine):
+                report = await receiver.receive_into(self._engine)
+                moved, buckets = report.bytes_moved, report.buckets
+            else:
+                buckets_got = await asyncio.to_thread(
+                    lambda: [[(n, t.clone()) for n, t in b] for b in receiver.receive()]
+                )
+                items = [item for bucket in buckets_got for item in bucket]
+                await self._engine.update_weights(items)
+                moved = sum(t.numel() * t.element_size() for _, t in items)
+                buckets = len(buckets_got)
+        finally:
+            receiver.close()
+        return {
+            "bytes_moved": float(moved),
+            "buckets": float(buckets),
+            "connect_s": connected - start,
+            "seconds": time.perf_counter() - start,
+        }
 
     def weights(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The engine's own parameters (vLLM's names, fused projections included), as CPU

@@ -9,11 +9,24 @@ scheduler and the rollout meters iterate it) plus the three calls a step makes a
     wake(tags)              "weights" before a push, "kv_cache" after it (vLLM's RL order)
     push(named_tensors)     the policy's weights into every engine, streamed in buckets of
                             the engine's dtype (training/weight_sync.py), with a `SyncReport`
+    push_channel(ranks)     split placement: training rank 0's weights into every engine
+                            actor over one weight channel (see below), with a `SyncReport`
 
 Each call goes to every engine at once. An engine whose call fails because its process died
 (a Ray actor error, or an engine that reports itself not alive) is DROPPED: it gets no later
 sleep, wake or push, the step goes on with the others, and `dropped` names it; when none is left
 the call raises `EngineError`. Any other exception propagates (a bug, not a lost machine).
+
+`push_channel(ranks, bucket_bytes, timeout_s)` (ranks: a `train_workers.TrainGroup`) checks every
+live engine actor first (a dead one is dropped before any group exists), wakes their weights,
+has rank 0 open a channel for exactly those E engines, then runs rank 0's send (every rank
+gathering) and the E receives at once; the group's collectives give up after `timeout_s`. An
+engine lost during the sync is dropped and the sync is made again, once, for the survivors (a
+fresh group: the failed one left them with a partial update). `bytes_moved` is the model once
+in the engines' dtype; `extra["time_sync_connect_s"]` is the group's build time.
+
+Tested on real Ray actors (tests/test_split_sync.py): an engine killed before a sync. A death in
+the middle of a sync (the retry) is not tested: it cannot be timed without a hook in the engine.
 
 Not covered: replacing a dropped engine (the run continues with fewer), engines on remote
 rollout workers (`placement.remote` pushes through its own stream).
@@ -31,6 +44,8 @@ from typing import Any
 from rstar2_rollout.engine import SleepingEngine
 
 log = logging.getLogger(__name__)
+
+CHANNEL_TIMEOUT_S = 300.0  # a weight channel's collectives give up after this (push_channel)
 
 
 class EngineError(RuntimeError):
@@ -153,6 +168,63 @@ class Engines(Sequence[Any]):
             report.load_s = max(t.load_s for t in times)
         _absorb(report, times)
         return report
+
+    async def push_channel(
+        self, ranks: Any, *, bucket_bytes: int, timeout_s: float = CHANNEL_TIMEOUT_S
+    ) -> SyncReport:
+        """Rank 0 of `ranks` sends the weights to every live engine actor over one fresh
+        channel group (engines lost before or during it are dropped); a `SyncReport`."""
+        start = time.perf_counter()
+        if not self._all:
+            return SyncReport()
+        dtypes = await self._each(self.alive, lambda e: _inner(e).weight_dtype_name())
+        wake_s = await self.wake(["weights"])
+        sent, failed = await self._over_channel(ranks, dtypes[0], bucket_bytes, timeout_s)
+        if failed is not None and failed[1]:  # an engine died mid-sync: again, the survivors
+            sent, failed = await self._over_channel(ranks, dtypes[0], bucket_bytes, timeout_s)
+        if failed is not None:
+            raise EngineError(f"weight sync over the channel failed: {failed[0]}")
+        wake_s += await self.wake(["kv_cache"])
+        return SyncReport(
+            bytes_moved=int(sent["bytes_moved"]),
+            buckets=int(sent["buckets"]),
+            wake_s=wake_s,
+            load_s=float(sent["seconds"]),
+            total_s=time.perf_counter() - start,
+            extra={"time_sync_connect_s": float(sent["connect_s"])},
+        )
+
+    async def _over_channel(
+        self, ranks: Any, dtype: str, bucket_bytes: int, timeout_s: float
+    ) -> tuple[dict[str, Any], tuple[str, bool] | None]:
+        """One sync over a fresh group: rank 0's report, and (why, engines were lost) on failure."""
+        targets = self.alive
+        opened = await ranks.open_channel(len(targets), timeout_s)
+        world = len(targets) + 1
+        send = asyncio.ensure_future(ranks.send_weights(dtype, bucket_bytes))
+        receives = [
+            _inner(e).receive_weights(opened["address"], rank, world, opened["backend"], timeout_s)
+            for rank, e in enumerate(targets, start=1)
+        ]
+        results = await asyncio.gather(*receives, return_exceptions=True)
+        sent = await send
+        lost = failed = 0
+        why = sent.get("error", "")
+        for engine, result in zip(targets, results, strict=True):
+            if not isinstance(result, BaseException):
+                continue
+            if _is_lost(result):
+                self.dropped.append(engine.name)
+                log.warning("engine %s dropped: %s", engine.name, str(result).splitlines()[0])
+                lost += 1
+            else:
+                failed += 1
+                why = why or f"{engine.name}: {type(result).__name__}: {result}".splitlines()[0]
+        if self._all and not self.alive:
+            raise EngineError(f"every engine is gone (dropped: {', '.join(self.dropped)})")
+        if lost or failed or "error" in sent:
+            return sent, (why or f"{lost} engine(s) lost", lost > 0)
+        return sent, None
 
 
 def _absorb(report: SyncReport, parts: Sequence[Any]) -> None:

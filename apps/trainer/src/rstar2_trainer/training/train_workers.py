@@ -12,10 +12,16 @@ the shards.
   (`partition_rows`) and runs `distributed.train_step` on every rank at once; the loss and the
   gradient are those of one process over the whole batch (see distributed.py). `loss_fn` is
   any per-token loss; Ray pickles it to the workers.
-- `state_ref()` gathers the full weights on rank 0 and leaves them in Ray's object store as a
-  list of (name, tensor): `sync_to_engines` hands that reference to every engine actor, so the
-  weights go rank 0 -> object store -> engines without passing through the driver (sleeping
-  engines are woken around the load as in `weight_sync.push_weights`).
+- `open_channel(receivers, timeout_s)` / `send_weights(dtype, bucket_bytes)`: the split-placement
+  weight sync. Rank 0 hosts a TCPStore on a free port of its node and returns its address; the
+  engine actors join that group (`EngineActor.receive_weights`, ranks 1..E) while every rank
+  iterates `colocated.FullTensors` (one all-gather per tensor, state_dict order, cast to the
+  engines' dtype) and rank 0 alone broadcasts the tensors in buckets
+  (`rstar2_rollout.weight_channel.WeightSender`: gloo on CPU ranks, NCCL on CUDA ranks). The
+  model crosses once, in the engines' dtype; no fp32 host copy, no Ray object. A fresh group is
+  built for every sync (so a dropped engine is simply left out of the next one); a failed send
+  (an engine died mid-sync, or the group timed out) is reported, never raised, after rank 0 has
+  drained its gathers so the other ranks are not left waiting. `Engines.push_channel` drives it.
 - `load_weights(path)` puts a checkpoint's weights into every rank's shards (a workers' DCP
   folder, or a driver's `model.pt` read by rank 0 and broadcast); `export(out)` writes the full
   weights as safetensors, gathered parameter by parameter onto rank 0 and written bucket by
@@ -42,7 +48,6 @@ from typing import Any, Self
 
 from rstar2_trainer.sft import sft_loss as sft_loss  # the loss SFT steps send to the ranks
 from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
-from rstar2_trainer.training.weight_sync import SyncTimes, sleepers
 
 
 class TrainWorker:
@@ -57,6 +62,7 @@ class TrainWorker:
         self.optimizer: Any = None
         self.world: Any = None
         self.optim_args: dict[str, Any] = {}
+        self._sender: Any = None  # rank 0's weight channel between open_channel and send
 
     def rendezvous(self) -> str:
         """host:port for MASTER_ADDR/MASTER_PORT (a free port on this node)."""
@@ -143,10 +149,52 @@ class TrainWorker:
         )
 
     def full_state(self) -> list[tuple[str, Any]]:
-        """The unsharded weights (collective); rank 0 returns them, the others []."""
+        """The unsharded weights (collective); rank 0 returns them, the others []. For checks
+        and tests: the engines get their weights from `send_weights`."""
         from rstar2_trainer.training.distributed import full_state_dict
 
         return list(full_state_dict(self.model).items())
+
+    def open_channel(self, receivers: int, timeout_s: float) -> dict[str, str]:
+        """Rank 0: a weight-channel store on a free port of this node, for `receivers` engines;
+        its address and backend (nccl on a CUDA rank, else gloo)."""
+        import ray
+
+        from rstar2_rollout.weight_channel import WeightSender
+
+        device = self.world.device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        host = ray.util.get_node_ip_address()
+        self._sender = WeightSender(receivers, host, 0, backend, str(device), timeout_s)
+        return {"address": self._sender.address, "backend": backend}
+
+    def send_weights(self, dtype: str, bucket_bytes: int) -> dict[str, Any]:
+        """One sync (collective over the ranks): every rank gathers each full tensor in `dtype`,
+        rank 0 sends them in buckets to the receivers of its `open_channel`. Rank 0's report:
+        bytes, buckets, seconds (connect_s: building the group), and `error` when the send failed
+        (the gathers are finished all the same)."""
+        import torch
+
+        from rstar2_trainer.placement.colocated import FullTensors
+
+        start = time.perf_counter()
+        stream = iter(FullTensors(self.model, dtype))
+        sender, self._sender = self._sender, None
+        report: dict[str, Any] = {"bytes_moved": 0.0, "buckets": 0.0, "connect_s": 0.0}
+        if self.rank == 0 and sender is not None:
+            try:
+                sender.connect()
+                report["connect_s"] = time.perf_counter() - start
+                sent = sender.send(stream, getattr(torch, dtype), bucket_bytes)
+                report.update(bytes_moved=float(sent.bytes_moved), buckets=float(sent.buckets))
+            except Exception as exc:  # a receiver died or the group timed out
+                report["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            finally:
+                sender.close()
+        for _ in stream:  # the other ranks' all-gathers wait for rank 0's
+            pass
+        report["seconds"] = time.perf_counter() - start
+        return report
 
     def load_state(self, named_tensors: list[tuple[str, Any]]) -> None:
         """Full weights (every rank gets the same) into this rank's shards (collective)."""
@@ -326,19 +374,18 @@ class TrainGroup:
         await asyncio.gather(*(a.export.remote(str(out), bucket_bytes) for a in self.actors))
 
     async def full_state(self) -> list[tuple[str, Any]]:
-        """The full weights, fetched into this process (for export)."""
-        import ray
+        """The full weights, fetched into this process (for checks; every rank gathers)."""
+        states = await asyncio.gather(*(a.full_state.remote() for a in self.actors))
+        return states[0]
 
-        return await asyncio.to_thread(ray.get, await self.state_ref())
+    async def open_channel(self, receivers: int, timeout_s: float) -> dict[str, str]:
+        """Rank 0's weight-channel address and backend for `receivers` engines."""
+        return await self.actors[0].open_channel.remote(receivers, timeout_s)
 
-    async def state_ref(self) -> Any:
-        """An object ref to the full weights (rank 0's list of (name, tensor))."""
-        import ray
-
-        refs = [a.full_state.remote() for a in self.actors]  # every rank joins the gather
-        await asyncio.gather(*refs[1:])
-        await asyncio.to_thread(ray.wait, [refs[0]], fetch_local=False)
-        return refs[0]
+    async def send_weights(self, dtype: str, bucket_bytes: int) -> dict[str, Any]:
+        """Every rank gathers, rank 0 sends (`TrainWorker.send_weights`); rank 0's report."""
+        calls = [a.send_weights.remote(dtype, bucket_bytes) for a in self.actors]
+        return (await asyncio.gather(*calls))[0]
 
     async def close(self) -> None:
         import ray
@@ -353,22 +400,3 @@ class TrainGroup:
             with contextlib.suppress(Exception):
                 remove_placement_group(self.placement_group)
             self.placement_group = None
-
-
-async def sync_to_engines(group: TrainGroup, engines: Sequence[Any]) -> SyncTimes:
-    """Push rank 0's weights to every engine actor via the object store.
-
-    Sleeping engines are woken as `weight_sync.push_weights` does: weights, load, KV cache.
-    `load_s` is the gather on the ranks plus the slowest engine's load."""
-    from rstar2_trainer.placement.cluster import ray_engines
-
-    start = time.perf_counter()
-    asleep = [e for e in sleepers(engines) if e.sleeping]
-    await asyncio.gather(*(e.wake_up(["weights"]) for e in asleep))
-    woken = time.perf_counter()
-    ref = await group.state_ref()
-    await asyncio.gather(*(e.load_weights_ref(ref) for e in ray_engines(engines)))
-    loaded = time.perf_counter()
-    await asyncio.gather(*(e.wake_up(["kv_cache"]) for e in asleep))
-    end = time.perf_counter()
-    return SyncTimes(woken - start, loaded - woken, end - loaded, end - start)

@@ -24,7 +24,8 @@ Contract
 - Split placement (ranks and engines in different processes): `WeightSender` /
   `WeightReceiver` from `rstar2_rollout.weight_channel` (re-exported here) broadcast the same
   buckets over a standalone collective group (gloo on CPU, NCCL on GPUs) built from a TCPStore
-  address, without touching the default (FSDP) process group. See that module's docstring.
+  address, without touching the default (FSDP) process group. See that module's docstring;
+  cluster mode drives it with `placement.engines.Engines.push_channel`.
 
 Measured on CPU only (`bench/weight_sync.py`); the GPU paths (CUDA IPC for colocated engines,
 NCCL for split placement) were not run on a GPU.
@@ -32,7 +33,7 @@ NCCL for split placement) were not run on a GPU.
 Not covered: the training side of colocation (the trainer must itself have freed what it keeps
 on the GPU beyond weights and optimizer state), partial syncs (every tensor is sent), and FSDP2
 DTensors (gather each with `full_tensor()` on every rank, in the same order, before it reaches
-`iter_buckets` on rank 0).
+`iter_buckets` on rank 0: `train_workers.TrainWorker.send_weights` does).
 """
 
 from __future__ import annotations

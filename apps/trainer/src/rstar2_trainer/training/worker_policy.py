@@ -6,7 +6,8 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
     driver: kept trajectories + advantages -> rows ---> rank 0 .. N-1 (rows split by tokens)
             lr, the algorithm's loss, temperature        train_step: forward, backward, AdamW
                                                          on the sharded parameters and state
-    engines <-- object store <-- rank 0's full weights   (the driver never holds them)
+    engines <-- weight channel <-- rank 0               (gloo / NCCL broadcast of bf16
+                                                         buckets; the driver never holds them)
 
 - `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver
   trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them
@@ -16,8 +17,10 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
   same global normalisation, the same metrics (loss, grad_norm, clip fractions, entropy, ...);
   `optim.mini_batches` x `optim.epochs` give one rank step per mini-batch and epoch; the old
   logprobs are computed on the ranks first (`distributed.row_logprobs`), as the driver does.
-- `sync(parts)` sends rank 0's weights to the engines (`train_workers.sync_to_engines`) and
-  returns the `time_sync_s` metrics.
+- `sync(parts)` sends the weights to the engines and returns the `time_sync_s` metrics: split,
+  every rank gathers and rank 0 broadcasts `cluster.bucket_bytes` buckets in the engines' dtype
+  over a weight channel the engine actors join (`Engines.push_channel`; a dead engine is
+  dropped, the step goes on); colocated, each rank pushes into its own engine.
 - `sft(examples, ...)` runs non-reasoning SFT on the ranks: `sft.sft_loop`, the driver's loop,
   each step a `train_step` over the ranks.
 - `load_weights(checkpoint)` (`--init-from`) loads a checkpoint's weights into the ranks from its
@@ -58,7 +61,7 @@ from rstar2_trainer.training.distributed import (
     StepResult,
     longest_first_chunks,
 )
-from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker, sync_to_engines
+from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
 from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
 
 G = TypeVar("G", bound=TrainGroup)
@@ -131,7 +134,10 @@ class WorkerPolicy:
         Colocated, each rank pushes into its own engine (wake its weights, push, offload the
         training state, wake its KV cache); split, rank 0's weights go to every engine."""
         if not isinstance(self.group, ColocatedGroup):
-            return (await sync_to_engines(self.group, parts.engines)).as_metrics()
+            pushed = await parts.engines.push_channel(
+                self.group, bucket_bytes=self.cluster.bucket_bytes
+            )
+            return pushed.as_metrics()
         engines = parts.engines
         start = time.perf_counter()
         wake_s = await engines.wake(["weights"])
