@@ -52,6 +52,21 @@ def test_stops_at_a_stop_token_and_keeps_it(runner, engine, tokenizer):
     assert cut.token_ids == greedy.token_ids[: first + 1] and cut.finish_reason == "stop"
 
 
+def test_sampled_logprobs_are_the_tempered_ones_the_trainer_scores(
+    runner, engine, tokenizer, score
+):
+    import torch
+
+    prompt = ChatFormat(tokenizer).prompt_ids("Find 7! mod 11.")
+    params = SamplingParams(max_tokens=24, temperature=0.7, seed=5, ignore_eos=True)
+    got = runner.run(engine.generate(prompt, params, "t"))
+    assert len(got.logprobs) == len(got.token_ids) == 24
+    tempered = score(engine.model, prompt, got.token_ids, 0.7)  # [N]
+    untempered = score(engine.model, prompt, got.token_ids, 1.0)  # [N]
+    assert torch.tensor(got.logprobs) == pytest.approx(tempered, abs=1e-4)
+    assert (torch.tensor(got.logprobs) - untempered).abs().max() > 0.05
+
+
 def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, tmp_path):
     import torch
 

@@ -103,6 +103,22 @@ def test_kv_capacity_is_reported_and_shrinks_while_generating(runner, vllm_engin
 
 
 @pytest.mark.slow
+def test_sampled_logprobs_are_the_tempered_ones_the_trainer_scores(
+    runner, vllm_engine, reference, tokenizer, score
+):
+    import torch
+
+    prompt = _prompts(tokenizer)[1]
+    params = SamplingParams(max_tokens=24, temperature=0.7, seed=5, ignore_eos=True)
+    got = runner.run(vllm_engine.generate(prompt, params, "t0"))
+    assert len(got.logprobs) == len(got.token_ids) == 24
+    tempered = score(reference.model, prompt, got.token_ids, 0.7)  # [N]
+    untempered = score(reference.model, prompt, got.token_ids, 1.0)  # [N]
+    assert torch.tensor(got.logprobs) == pytest.approx(tempered, abs=1e-3)
+    assert (torch.tensor(got.logprobs) - untempered).abs().max() > 0.05
+
+
+@pytest.mark.slow
 def test_weight_sync_then_greedy_equals_transformers_on_the_new_weights(
     runner, vllm_engine, reference, tokenizer
 ):

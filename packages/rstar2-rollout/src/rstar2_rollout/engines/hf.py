@@ -5,7 +5,9 @@ updates), so the event loop stays free while it computes. It is slow next to vLL
 paged KV cache (`kv_capacity()` is None), but it is the reference other engines are tested
 against: greedy output of vLLM after a weight sync must equal this engine's on the same weights.
 
-Logprobs are of the raw logits (before temperature and top-p), as vLLM reports them by default.
+Logprobs are log_softmax(logits / temperature) of the raw logits (the raw logits' own at
+temperature 0): the tempered distribution the trainer scores, as the vLLM engine reports them.
+Unlike vLLM's they are not renormalised over the top-p nucleus.
 A request's `seed` seeds torch's global generator under the lock, so seeded sampling is
 reproducible. Needs the `hf` extra (torch, transformers).
 Not covered: batching concurrent requests together.
@@ -91,6 +93,8 @@ class HFEngine:
         logprobs: list[float] = []
         if params.logprobs and len(new):
             logits = torch.stack(out.logits)[:, 0, :].float()  # [N, V]
+            if params.temperature > 0:
+                logits = logits / params.temperature
             picked = torch.log_softmax(logits, dim=-1).gather(1, new[:, None])  # [N, 1]
             logprobs = picked[:, 0].tolist()
         token_ids = new.tolist()
