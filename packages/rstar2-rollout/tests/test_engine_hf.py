@@ -76,11 +76,13 @@ def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, t
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
     gen = torch.Generator().manual_seed(7)
     shifted = {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
+    version = engine.weights_version
     runner.run(engine.update_weights(shifted.items()))
-    after = runner.run(engine.generate(prompt, params, "x")).token_ids
+    after = runner.run(engine.generate(prompt, params, "x"))
     runner.run(engine.update_weights(original.items()))
-    assert after != before
-    assert runner.run(engine.generate(prompt, params, "x")).token_ids == before
+    assert after.token_ids != before and after.weights_version == version + 1
+    back = runner.run(engine.generate(prompt, params, "x"))
+    assert back.token_ids == before and back.weights_version == version + 2
     with pytest.raises(KeyError, match="no weight named 'nope'"):
         runner.run(engine.update_weights([("nope", torch.zeros(1))]))
 
@@ -94,6 +96,8 @@ def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenize
         traj.validate()
         assert traj.finish_reason in ("no_tool_call", "max_length", "answered", "max_turns")
         assert 0 < traj.sampled_tokens <= 48 and traj.timings.generate_s > 0
+        sampled = {v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m}
+        assert sampled == {engine.weights_version} == {traj.oldest_version}
     again = runner.run(
         roll_out(engine, sandbox, tokenizer, config, [Problem("p1", "What is 2+3?")])
     )

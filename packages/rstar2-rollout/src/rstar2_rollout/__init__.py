@@ -49,7 +49,14 @@ from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
 from rstar2_rollout.toolcall import ParsedTurn, ToolCallRequest, parse_turn, render_call
-from rstar2_rollout.trajectory import FinishReason, Timings, ToolCallRecord, ToolOutcome, Trajectory
+from rstar2_rollout.trajectory import (
+    FinishReason,
+    Timings,
+    ToolCallRecord,
+    ToolOutcome,
+    Trajectory,
+    staleness_stats,
+)
 from rstar2_rollout.weights import InvalidWeights, WeightSpec
 from rstar2_rollout.worker import (
     RolloutSampling,
@@ -123,6 +130,7 @@ __all__ = [
     "parse_turn",
     "render_call",
     "run_agent",
+    "staleness_stats",
     "start_server",
     "system_prompt",
     "wrap_question",

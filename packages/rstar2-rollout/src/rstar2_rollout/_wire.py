@@ -129,6 +129,7 @@ def decode_result(msg: pb.Trajectory) -> WorkerResult:
         response_ids=list(msg.response_ids),
         loss_mask=list(msg.loss_mask),
         logprobs=list(msg.logprobs),
+        versions=[-1] * len(msg.response_ids),  # the wire carries no versions (yet)
         turns=msg.turns,
         answer_blocks=msg.answer_blocks,
         final_answer=msg.final_answer if msg.answer_blocks else None,

@@ -5,7 +5,9 @@ capability); `vllm.py` holds the rest and re-exports what is here. A session run
 thread, after the requests submitted before it: `begin_weights` starts vLLM 0.32's layerwise
 reload (`initialize_layerwise_reload`) on every worker, `load_weights(bucket)` runs the model's
 own `load_weights` on one bucket, `finish_weights` finalises the pending layers, resets the
-runner's LoRA/encoder/multimodal state and the prefix cache, and releases the held requests. `update_weights(named)` is one session streamed in
+runner's LoRA/encoder/multimodal state and the prefix cache, counts the new weights version
+(`weights_version`: +1 per finished session, a failed one included, as its weights changed too)
+and releases the held requests. `update_weights(named)` is one session streamed in
 `weight_bucket_bytes` buckets cast lazily to the engine's dtype. The `_reload_*` functions run on
 vLLM's workers through `collective_rpc`.
 """
@@ -22,6 +24,7 @@ class StreamingUpdates:
 
     name: str
     config: Any  # VLLMEngineConfig
+    weights_version: int  # update sessions finished since the engine started
     _engine: Any
     _executor: Any
     _weight_dtype: Any
@@ -104,6 +107,7 @@ class StreamingUpdates:
             self._engine.reset_prefix_cache()
         finally:
             self._updating = False
+            self.weights_version += 1
             if self._sleep_level is None:
                 held, self._held = self._held, []
                 for item in held:

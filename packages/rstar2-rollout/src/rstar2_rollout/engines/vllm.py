@@ -7,7 +7,9 @@ share the running batch while the event loop stays free for tool calls. `AsyncLL
 separate engine process; in-process, the engine thread can read the scheduler's free KV blocks
 and reload weights from live tensors without serialising them.
 
-- Requests are token ids in, token ids out (the stop token included, detokenisation off).
+- Requests are token ids in, token ids out (the stop token included, detokenisation off). Each
+  `Generation` carries `weights_version`, the engine's count of finished update sessions when
+  it ran (requests never span a session).
 - `kv_capacity()` reads the block pool: free blocks (cached, evictable ones included) x block
   size. The scheduler uses it to admit only what fits, so vLLM never preempts.
 - `progress()` (the optional `ProgressEngine` capability): after every step the engine thread
@@ -202,6 +204,7 @@ class VLLMEngine(StreamingUpdates):
         self._block_size: int = vllm_config.cache_config.block_size
         self._weight_dtype: Any = vllm_config.model_config.dtype
         self._updating = False  # an update session is open (written on the engine thread)
+        self.weights_version = 0  # update sessions finished (written on the engine thread)
         self._max_running: int = vllm_config.scheduler_config.max_num_seqs
         self._preemptions: int | None = self._count_preemptions()
         self._recomputed: int | None = self._count_recomputed()
@@ -445,7 +448,8 @@ class VLLMEngine(StreamingUpdates):
             if pending is None:
                 continue
             loop, future = pending
-            loop.call_soon_threadsafe(_settle, future, _generation(output))
+            generation = _generation(output, self.weights_version)
+            loop.call_soon_threadsafe(_settle, future, generation)
 
     def _fail_all(self) -> None:
         reason = self._error or f"engine {self.name} closed"
@@ -518,7 +522,7 @@ def _vllm_params(params: SamplingParams) -> Any:
     )
 
 
-def _generation(output: Any) -> Generation:
+def _generation(output: Any, version: int) -> Generation:
     completion = output.outputs[0]
     token_ids = list(completion.token_ids)
     logprobs: list[float] = []
@@ -529,4 +533,4 @@ def _generation(output: Any) -> Generation:
         ]
     reason = completion.finish_reason
     finish = reason if reason in ("stop", "length", "abort") else "stop"
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
+    return Generation(token_ids, logprobs, finish, weights_version=version)
