@@ -12,8 +12,8 @@ Versions: `versions[i]` is the weights version token i was sampled with (the eng
 engine could not tell. `oldest_version` is the smallest known one (None: none known). A
 trajectory's staleness at a training step is the trainer's version minus its oldest;
 `staleness_stats` summarises it over a batch (`staleness_mean`, `staleness_max`, and
-`staleness_unknown`: trajectories without a known version, e.g. from an HTTP endpoint or a
-remote worker, whose wire format does not carry versions yet).
+`staleness_unknown`: trajectories without a known version, e.g. from an HTTP endpoint). The
+gRPC wire carries versions (`Trajectory.versions` in rollout.proto).
 
 Tool outcomes, one per `<tool_call>` block the model wrote:
 - ok: ran to completion (`ExecutionStatus.OK`, or `OUTPUT_TRUNCATED`: it ran, output was capped);
