@@ -118,6 +118,8 @@ def test_trainer_rolls_out_on_a_remote_worker(
     for r in steps:
         assert r["trajectories"] == 2 * 4 and r["failed_jobs"] == 0
         assert r["time_rollout_s"] > 0 and r["time_generate_s"] > 0
+        # the worker's engine counts the pushes the trainer counts: versions known, none stale
+        assert (r["staleness_mean"], r["staleness_max"], r["staleness_unknown"]) == (0, 0, 0)
         if not r.get("skipped_update"):
             assert r["time_sync_s"] > 0
     evals = [r for r in records if r["phase"] == "eval"]

@@ -47,6 +47,9 @@ def test_the_main_loop_runs_rl_steps_updates_and_checkpoints(tmp_path, capsys):
         assert r["optim_steps"] == 1  # one optimizer step (optim.mini_batches=1)
         assert r["train_tokens"] > 0 and r["grad_norm"] >= 0
         assert r["time_rollout_s"] > 0 and r["time_train_s"] > 0
+        # synchronous: every rollout ran on the weights the update starts from (engine versions
+        # 0, 1, 2 as the trainer pushes after each step)
+        assert (r["staleness_mean"], r["staleness_max"], r["staleness_unknown"]) == (0, 0, 0)
     evals = [r for r in records if r["phase"] == "eval"]
     # the tiny recipe evaluates after SFT and after the last stage (eval.every_stage: false)
     assert [e["when"] for e in evals] == ["after_sft", "after_tiny3-hard"]

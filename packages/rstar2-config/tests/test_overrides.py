@@ -106,3 +106,28 @@ def test_a_kind_inside_a_kind_switches_too(app, tmp_path):
     )
     config = load(app.Config, Recipes(tmp_path), "served", ["model.engine.kind=hf"])
     assert config.model == app.Pretrained(path="/m", engine=app.HF())
+
+
+def test_a_key_that_is_a_python_keyword_is_an_aliased_field(tmp_path):
+    from pydantic import ConfigDict, Field
+
+    from rstar2_config import Recipes, Section, describe
+
+    class Steps(Section):
+        """Steps."""
+
+        lag: int = Field(default=0, ge=0, description="Lag.")
+
+    class Config(Section):
+        model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True)
+        async_: Steps = Field(default_factory=Steps, alias="async", description="Async.")
+
+    (tmp_path / "base.yaml").write_text("async: {lag: 1}\n")
+    recipes = Recipes(tmp_path)
+    config = load(Config, recipes, "base", ["async.lag=2"])
+    assert config.async_.lag == 2 and config.model_dump() == {"async": {"lag": 2}}
+    assert [d.key for d in describe(Config)] == ["async", "async.lag"]
+    with pytest.raises(ConfigError, match=r"async\.lag: Input should be a valid integer"):
+        load(Config, recipes, "base", ["async.lag=x"])
+    with pytest.raises(ConfigError, match=r"asyn: unknown key \(did you mean async\?\)"):
+        load(Config, recipes, "base", ["asyn.lag=1"])

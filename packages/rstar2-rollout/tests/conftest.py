@@ -116,3 +116,23 @@ def roll_out() -> Any:
     """`await roll_out(engine, sandbox, tokenizer, config, problems)`: `config.n` trajectories
     per problem on one engine (the rollout service), grouped by problem in sample order."""
     return _roll_out
+
+
+def _score(model: Any, prompt: Sequence[int], tokens: Sequence[int], temperature: float) -> Any:
+    """The trainer's scoring of `tokens` after `prompt` (rstar2_trainer's `response_logprobs`):
+    log_softmax(logits / temperature) in fp32 at the position before each token. [N] tensor."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(tokens)])  # [1, P + N]
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0].float()  # [P + N, V]
+    start = len(prompt) - 1
+    scored = logits[start : start + len(tokens)] / temperature  # [N, V]
+    picked = torch.log_softmax(scored, dim=-1).gather(1, torch.tensor(list(tokens))[:, None])
+    return picked[:, 0]  # [N]
+
+
+@pytest.fixture(scope="session")
+def score() -> Any:
+    """`score(model, prompt_ids, token_ids, temperature)`: the trainer's tempered logprobs."""
+    return _score

@@ -52,6 +52,21 @@ def test_stops_at_a_stop_token_and_keeps_it(runner, engine, tokenizer):
     assert cut.token_ids == greedy.token_ids[: first + 1] and cut.finish_reason == "stop"
 
 
+def test_sampled_logprobs_are_the_tempered_ones_the_trainer_scores(
+    runner, engine, tokenizer, score
+):
+    import torch
+
+    prompt = ChatFormat(tokenizer).prompt_ids("Find 7! mod 11.")
+    params = SamplingParams(max_tokens=24, temperature=0.7, seed=5, ignore_eos=True)
+    got = runner.run(engine.generate(prompt, params, "t"))
+    assert len(got.logprobs) == len(got.token_ids) == 24
+    tempered = score(engine.model, prompt, got.token_ids, 0.7)  # [N]
+    untempered = score(engine.model, prompt, got.token_ids, 1.0)  # [N]
+    assert torch.tensor(got.logprobs) == pytest.approx(tempered, abs=1e-4)
+    assert (torch.tensor(got.logprobs) - untempered).abs().max() > 0.05
+
+
 def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, tmp_path):
     import torch
 
@@ -61,11 +76,13 @@ def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, t
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
     gen = torch.Generator().manual_seed(7)
     shifted = {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
+    version = engine.weights_version
     runner.run(engine.update_weights(shifted.items()))
-    after = runner.run(engine.generate(prompt, params, "x")).token_ids
+    after = runner.run(engine.generate(prompt, params, "x"))
     runner.run(engine.update_weights(original.items()))
-    assert after != before
-    assert runner.run(engine.generate(prompt, params, "x")).token_ids == before
+    assert after.token_ids != before and after.weights_version == version + 1
+    back = runner.run(engine.generate(prompt, params, "x"))
+    assert back.token_ids == before and back.weights_version == version + 2
     with pytest.raises(KeyError, match="no weight named 'nope'"):
         runner.run(engine.update_weights([("nope", torch.zeros(1))]))
 
@@ -79,6 +96,8 @@ def test_the_loop_end_to_end_on_the_real_model(runner, engine, sandbox, tokenize
         traj.validate()
         assert traj.finish_reason in ("no_tool_call", "max_length", "answered", "max_turns")
         assert 0 < traj.sampled_tokens <= 48 and traj.timings.generate_s > 0
+        sampled = {v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m}
+        assert sampled == {engine.weights_version} == {traj.oldest_version}
     again = runner.run(
         roll_out(engine, sandbox, tokenizer, config, [RolloutTask("p1", "What is 2+3?")])
     )

@@ -103,6 +103,22 @@ def test_kv_capacity_is_reported_and_shrinks_while_generating(runner, vllm_engin
 
 
 @pytest.mark.slow
+def test_sampled_logprobs_are_the_tempered_ones_the_trainer_scores(
+    runner, vllm_engine, reference, tokenizer, score
+):
+    import torch
+
+    prompt = _prompts(tokenizer)[1]
+    params = SamplingParams(max_tokens=24, temperature=0.7, seed=5, ignore_eos=True)
+    got = runner.run(vllm_engine.generate(prompt, params, "t0"))
+    assert len(got.logprobs) == len(got.token_ids) == 24
+    tempered = score(reference.model, prompt, got.token_ids, 0.7)  # [N]
+    untempered = score(reference.model, prompt, got.token_ids, 1.0)  # [N]
+    assert torch.tensor(got.logprobs) == pytest.approx(tempered, abs=1e-3)
+    assert (torch.tensor(got.logprobs) - untempered).abs().max() > 0.05
+
+
+@pytest.mark.slow
 def test_weight_sync_then_greedy_equals_transformers_on_the_new_weights(
     runner, vllm_engine, reference, tokenizer
 ):
@@ -110,15 +126,19 @@ def test_weight_sync_then_greedy_equals_transformers_on_the_new_weights(
 
     params = SamplingParams(max_tokens=16, temperature=0)
     prompt = _prompts(tokenizer)[1]
-    before = runner.run(vllm_engine.generate(prompt, params, "w0")).token_ids
+    first = runner.run(vllm_engine.generate(prompt, params, "w0"))
+    before, version = first.token_ids, first.weights_version
+    assert version == vllm_engine.weights_version
     weights_a = {k: v.clone() for k, v in reference.model.state_dict().items()}
     gen = torch.Generator().manual_seed(11)
     weights_b = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in weights_a.items()}
 
     runner.run(vllm_engine.update_weights(weights_b.items()))
     runner.run(reference.update_weights(weights_b.items()))
-    on_b = runner.run(vllm_engine.generate(prompt, params, "w1")).token_ids
+    b = runner.run(vllm_engine.generate(prompt, params, "w1"))
+    on_b = b.token_ids
     assert on_b == reference.generate_sync(prompt, params).token_ids and on_b != before
+    assert b.weights_version == version + 1  # each update session is the next version
 
     runner.run(vllm_engine.update_weights(weights_a.items()))
     runner.run(reference.update_weights(weights_a.items()))
@@ -162,6 +182,7 @@ def test_the_loop_on_vllm_and_the_real_sandbox(runner, vllm_engine, sandbox, tok
     for traj in trajs:
         traj.validate()
         assert traj.finish_reason != "error" and 0 < len(traj.response_ids) <= 128
+        assert traj.oldest_version == vllm_engine.weights_version  # one version, no sync here
 
 
 @pytest.mark.slow

@@ -257,6 +257,8 @@ def test_real_engines_agent_loop_and_sandbox_behind_the_worker(
         assert len(t.response_ids) <= 24 and t.turns >= 1 and sum(t.loss_mask) > 0
         assert len(t.prompt_ids) == prompt_tokens(problems["ab".index(t.group_id)])
         assert t.timings.generate_s > 0
+        # the weights version of every sampled token crosses the wire (no update yet: 0)
+        assert {v for v, m in zip(t.versions, t.loss_mask, strict=True) if m} == {0}
     # each engine holds two trajectories at most: the six spread over both
     assert {r.engine for r in first} == {"hf-0", "hf-1"}
     assert len(again) == 6

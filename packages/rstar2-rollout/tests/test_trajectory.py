@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import pytest
 
-from rstar2_rollout import ToolCallRecord, Trajectory
+from rstar2_rollout import ToolCallRecord, Trajectory, staleness_stats
 from rstar2_rollout.trajectory import TOOL_OUTCOMES, outcome_of
 from rstar2_sandbox import ExecutionStatus
 
@@ -50,9 +50,51 @@ def test_append_keeps_ids_mask_and_logprobs_aligned():
         traj.append([4, 5], sampled=True, logprobs=[-1.0])
 
 
+def test_tokens_keep_the_weights_version_they_were_sampled_with():
+    traj = Trajectory(group_id="p")
+    assert traj.oldest_version is None
+    traj.append([1, 2], sampled=True, logprobs=[-0.1, -0.2], version=4)
+    traj.append([3], sampled=False, version=9)  # a tool response: no version
+    traj.append([4], sampled=True, logprobs=[-0.3], version=5)
+    traj.append([5], sampled=True, logprobs=[-0.4])  # an engine that cannot tell
+    traj.validate()
+    assert traj.versions == [4, 4, -1, 5, -1] and traj.oldest_version == 4
+
+
+def _at(*versions: int | None) -> Trajectory:
+    traj = Trajectory(group_id="p")
+    traj.append([7], sampled=True, logprobs=[-1.0], version=versions[0])
+    for v in versions[1:]:
+        traj.append([8], sampled=True, logprobs=[-1.0], version=v)
+    return traj
+
+
+def test_staleness_is_the_trainers_version_minus_each_oldest():
+    # oldest versions 5, 3 and 6 (its later tokens newer), one unknown; trainer at 6: ages 1, 3, 0
+    batch = [_at(5), _at(3, 6), _at(6, 6), _at(None)]
+    assert staleness_stats(batch, 6) == {
+        "staleness_mean": pytest.approx(4 / 3),
+        "staleness_max": 3.0,
+        "staleness_unknown": 1.0,
+    }
+    synchronous = [_at(2), _at(2, 2)]
+    assert staleness_stats(synchronous, 2) == {
+        "staleness_mean": 0.0,
+        "staleness_max": 0.0,
+        "staleness_unknown": 0.0,
+    }
+    assert staleness_stats([_at(None)], 2)["staleness_unknown"] == 1.0
+
+
 def test_validate_catches_inconsistent_bookkeeping():
     traj = Trajectory(group_id="p", response_ids=[1], loss_mask=[0], logprobs=[-1.0])
+    with pytest.raises(ValueError, match="1 ids, 1 mask, 1 logprobs, 0 versions"):
+        traj.validate()
+    traj.versions = [-1]
     with pytest.raises(ValueError, match=r"0\.0 where the mask is 0"):
+        traj.validate()
+    traj = Trajectory(group_id="p", response_ids=[1], loss_mask=[0], logprobs=[0.0], versions=[3])
+    with pytest.raises(ValueError, match="versions must be -1 where the mask is 0"):
         traj.validate()
     traj = Trajectory(group_id="p")
     traj.record(ToolCallRecord(turn=0, name="t", code="", stdin="", outcome="timeout"))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     SerializationInfo,
     ValidationInfo,
@@ -355,8 +356,28 @@ class InitConfig(_Section):
     )
 
 
+class AsyncConfig(_Section):
+    """Steps that do not wait for the slowest trajectory (issue #30). Only the synchronous
+    defaults run today: any other value is refused in one line, not silently ignored."""
+
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="How many weight versions older than the trainer's a trajectory may be; "
+        "0 is synchronous (the only value implemented).",
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="Train on the first groups that finish and continue the rest after the "
+        "sync (not implemented: false only).",
+    )
+
+
 class TrainerConfig(_Section):
     """Everything `rstar2-train` needs, one section per package or phase."""
+
+    # `async` is a Python keyword: the field is `async_`, written and read as `async`.
+    model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True)
 
     run: RunConfig = Field(default_factory=RunConfig, description="The run itself.")
     model: ModelConfig = Field(default_factory=TinyModelConfig, description="The policy model.")
@@ -414,6 +435,11 @@ class TrainerConfig(_Section):
         description="Start from another run's checkpoint, skipping SFT (`--init-from "
         "RUN_DIR[:STEP]`); None: a fresh model.",
     )
+    async_: AsyncConfig = Field(
+        default_factory=AsyncConfig,
+        alias="async",
+        description="Asynchronous steps (max_staleness, partial_rollout); synchronous only.",
+    )
 
     @model_validator(mode="after")
     def _one_placement(self) -> TrainerConfig:
@@ -452,6 +478,25 @@ class TrainerConfig(_Section):
             raise ValueError(
                 "algo.kl_coef > 0 needs reference-model logprobs, which the trainer does not "
                 "compute (the paper uses no KL); set algo.kl_coef: 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _async_is_synchronous_for_now(self) -> TrainerConfig:
+        steps = self.async_
+        colocated = self.cluster is not None and self.cluster.colocate
+        if steps.max_staleness > 0 and colocated and not steps.partial_rollout:
+            raise ValueError(
+                "async.max_staleness > 0 with cluster.colocate needs async.partial_rollout: true "
+                "(colocated engines and ranks share the GPUs: only partial rollouts overlap)"
+            )
+        if steps.max_staleness > 0:
+            raise ValueError(
+                "async.max_staleness > 0 is not implemented yet; set async.max_staleness: 0"
+            )
+        if steps.partial_rollout:
+            raise ValueError(
+                "async.partial_rollout is not implemented yet; set async.partial_rollout: false"
             )
         return self
 

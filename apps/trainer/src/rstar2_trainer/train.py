@@ -17,6 +17,10 @@ before SFT (remote rollout services, which loaded their own copy, get the policy
 first). Trajectories come from `parts.source` (local engines or remote rollout services) through one
 `collect`. A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
+Weights versions: `Run.weights_version` counts the pushes (`sync`) of this process, and each
+engine counts the updates it loaded since it started, so the two agree; every step logs the
+rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a trajectory's
+oldest token version; 0 in this synchronous loop) and `staleness_unknown` (no version known).
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
@@ -43,7 +47,7 @@ import torch
 
 from rstar2_algos import build_algorithm
 from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
-from rstar2_rollout import collect, derive_seed
+from rstar2_rollout import collect, derive_seed, staleness_stats
 from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
@@ -92,6 +96,7 @@ class Run:
     benchmarks: dict[str, list]  # eval.sources: name -> problems
     step: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
+    weights_version: int = 0  # pushes to the engines in this process (each bumps every engine)
 
     @property
     def checkpoints(self) -> Path:
@@ -203,13 +208,13 @@ async def start(run: Run, traces: list) -> None:
         await start_from_origin(run)
         return
     if parts.remote is not None:  # remote rollout services loaded a model of their own
-        await run.policy.sync(parts)
+        await sync(run)
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
     if config.sft.enabled:
         await parts.engines.sleep()  # colocated: SFT gets the GPU memory; the sync wakes them
         await run_sft(run, traces)
-        await run.policy.sync(parts)
+        await sync(run)
     await run_eval(run, "after_sft")
     await save(run)
 
@@ -218,7 +223,7 @@ async def start_from_origin(run: Run) -> None:
     """A run with `init` (rundir/origin.py): no SFT; the origin checkpoint's weights (and
     optimizer and curriculum state when included) into the policy, read from the checkpoint's
     files where the policy lives, pushed to the engines, evaluated, checkpoint 0."""
-    config, parts = run.config, run.parts
+    config = run.config
     init = config.init
     assert init is not None
     origin = origin_checkpoint(config)
@@ -228,7 +233,7 @@ async def start_from_origin(run: Run) -> None:
         await run.policy.load_weights(origin.path)
     if "curriculum" in init.include:
         run.curriculum.load_state_dict(origin.state["curriculum"])
-    await run.policy.sync(parts)
+    await sync(run)
     taken = ", ".join(["weights", *init.include])
     report.console.print(f"initialised from {init.run} step {init.step} ({taken}); no SFT")
     await run_eval(run, "init")
@@ -241,8 +246,15 @@ async def restore(run: Run, ckpt: Any) -> None:
     await run.policy.restore(ckpt)
     run.curriculum.load_state_dict(ckpt.state["curriculum"])
     run.evals = list(ckpt.state["evals"])
-    await run.policy.sync(run.parts)
+    await sync(run)
     report.console.print(f"resumed {run.run_dir} at RL step {run.step}")
+
+
+async def sync(run: Run) -> dict[str, float]:
+    """Push the policy's weights to the engines: the next version (engines count it alike)."""
+    times = await run.policy.sync(run.parts)
+    run.weights_version += 1
+    return times
 
 
 async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
@@ -301,6 +313,7 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         "engine_idle_s": collected.engine_idle_s,
         "engine_idle_share": collected.engine_idle_s
         / max(1e-9, collected.rollout_s * max(1, len(parts.engines))),
+        **staleness_stats(trajectories, run.weights_version),
     }
     metrics["engines_dropped"] = len(parts.engines.dropped)
     if not selection.trajectories:
@@ -317,7 +330,7 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         )
     metrics.update(update)
     metrics.update(phases.times)
-    metrics.update(await run.policy.sync(parts))
+    metrics.update(await sync(run))
     return stage, metrics
 
 

@@ -13,6 +13,17 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 
+def fields(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """`model`'s fields by the key a config writes: the alias where one is set (a key that is
+    a Python keyword, such as `async`, is a field `async_` with that alias), else the name."""
+    return {field.alias or name: field for name, field in model.model_fields.items()}
+
+
+def attribute(model: type[BaseModel], key: str) -> str:
+    """The attribute name of the field written as `key`."""
+    return next((n for n, f in model.model_fields.items() if (f.alias or n) == key), key)
+
+
 def strip(annotation: Any) -> Any:
     while typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
@@ -81,8 +92,8 @@ def annotation_at(model: type[BaseModel], dotted: str) -> Any:
         arms = models(annotation)
         if part.isdigit():
             annotation = item_type(annotation)
-        elif len(arms) == 1 and part in arms[0].model_fields:
-            annotation = arms[0].model_fields[part].annotation
+        elif len(arms) == 1 and part in fields(arms[0]):
+            annotation = fields(arms[0])[part].annotation
         else:
             return None
     return annotation
@@ -97,10 +108,13 @@ def default_at(model: type[BaseModel], parts: list[str]) -> Any:
         if owner is None:
             arms = models(annotation)
             owner = arms[0] if len(arms) == 1 else None
-        if owner is None or part not in owner.model_fields:
+        if owner is None or part not in fields(owner):
             return PydanticUndefined
-        field = owner.model_fields[part]
+        field = fields(owner)[part]
         parent = value
         annotation = field.annotation
-        value = getattr(parent, part) if isinstance(parent, BaseModel) else default(field)
+        if isinstance(parent, BaseModel):
+            value = getattr(parent, attribute(owner, part))
+        else:
+            value = default(field)
     return value

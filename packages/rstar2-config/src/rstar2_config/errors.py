@@ -74,15 +74,15 @@ def _issue(error: Any, model: type[BaseModel]) -> _Issue:
             annotation = _schema.item_type(annotation) if annotation is not None else None
             continue
         owner = arms[0] if len(arms) == 1 else None
-        if owner is not None and part in owner.model_fields:
-            annotation = owner.model_fields[part].annotation
+        if owner is not None and part in _schema.fields(owner):
+            annotation = _schema.fields(owner)[part].annotation
             continue
-        siblings = list(owner.model_fields) if owner is not None else []
+        siblings = list(_schema.fields(owner)) if owner is not None else []
         if variant:  # is it a key of another variant of the same union?
             section = ".".join(path[:-1])
             union = _schema.models(_schema.annotation_at(model, section))
             disc, others = _schema.variants(union)
-            tag = next((t for t, m in others.items() if part in m.model_fields), None)
+            tag = next((t for t, m in others.items() if part in _schema.fields(m)), None)
             elsewhere = f"{section}.{disc} {tag}" if tag is not None else None
         annotation = None
     message = str(error["msg"])

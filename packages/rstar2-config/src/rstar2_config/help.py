@@ -59,7 +59,7 @@ def describe(model: type[BaseModel], prefix: str = "", skip: str = "") -> list[K
     variant's discriminator, which the header shows."""
     docs: list[KeyDoc] = []
     nested: list[KeyDoc] = []
-    for name, field in model.model_fields.items():
+    for name, field in _schema.fields(model).items():
         if name == skip:
             continue
         key = f"{prefix}{name}"
@@ -106,7 +106,7 @@ def sections(model: type[BaseModel]) -> list[str]:
     """The top-level keys of `model` that are sections or lists of sections."""
     return [
         k
-        for k, f in model.model_fields.items()
+        for k, f in _schema.fields(model).items()
         if _schema.models(f.annotation) or _schema.models(_schema.item_type(f.annotation))
     ]
 

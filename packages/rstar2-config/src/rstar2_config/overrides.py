@@ -107,7 +107,7 @@ def _switch_kind(
         return
     if not isinstance(node, dict):
         return
-    fields = tagged[value].model_fields
+    fields = _schema.fields(tagged[value])
     for child in [k for k in node if k not in fields]:
         path = f"{section}.{child}"
         if not any(
@@ -129,8 +129,8 @@ def _walk(tree: Any, model: type[BaseModel], dotted: str) -> tuple[Any, Any]:
             owner = tagged.get(str(node.get(disc)))
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node, annotation = node[int(part)], _schema.item_type(annotation)
-        elif isinstance(node, dict) and part in node and owner and part in owner.model_fields:
-            node, annotation = node[part], owner.model_fields[part].annotation
+        elif isinstance(node, dict) and part in node and owner and part in _schema.fields(owner):
+            node, annotation = node[part], _schema.fields(owner)[part].annotation
         else:
             return None, None
     return node, annotation

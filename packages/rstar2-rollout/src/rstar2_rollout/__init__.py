@@ -56,7 +56,14 @@ from rstar2_rollout.service import (
     one_engine_service,
 )
 from rstar2_rollout.toolcall import ParsedTurn, ToolCallRequest, parse_turn, render_call
-from rstar2_rollout.trajectory import FinishReason, Timings, ToolCallRecord, ToolOutcome, Trajectory
+from rstar2_rollout.trajectory import (
+    FinishReason,
+    Timings,
+    ToolCallRecord,
+    ToolOutcome,
+    Trajectory,
+    staleness_stats,
+)
 from rstar2_rollout.weights import InvalidWeights, WeightSpec
 
 __all__ = [
@@ -123,6 +130,7 @@ __all__ = [
     "parse_turn",
     "render_call",
     "run_agent",
+    "staleness_stats",
     "start_server",
     "system_prompt",
     "wrap_question",

@@ -96,6 +96,7 @@ def encode_result(r: RolloutResult) -> pb.Trajectory:
         response_ids=t.response_ids,
         loss_mask=t.loss_mask,
         logprobs=t.logprobs,
+        versions=t.versions,
         turns=t.turns,
         tool_calls=[
             pb.ToolCall(
@@ -129,6 +130,7 @@ def decode_result(msg: pb.Trajectory) -> RolloutResult:
         response_ids=list(msg.response_ids),
         loss_mask=list(msg.loss_mask),
         logprobs=list(msg.logprobs),
+        versions=_versions(msg),
         turns=msg.turns,
         answer_blocks=msg.answer_blocks,
         final_answer=msg.final_answer if msg.answer_blocks else None,
@@ -184,3 +186,9 @@ def decode_info(msg: pb.InfoResponse) -> tuple[str, str, list[EngineStatus]]:
         for e in msg.engines
     ]
     return msg.version, msg.policy, engines
+
+
+def _versions(msg: pb.Trajectory) -> list[int]:
+    """The per-token weights versions, or all -1 (unknown) from a sender that sent none."""
+    versions = list(msg.versions)
+    return versions if len(versions) == len(msg.response_ids) else [-1] * len(msg.response_ids)

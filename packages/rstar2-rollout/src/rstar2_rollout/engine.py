@@ -34,12 +34,18 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Generation:
-    """What one call produced: the new token ids, their logprobs, and why it stopped."""
+    """What one call produced: the new token ids, their logprobs, and why it stopped.
+
+    `weights_version` is the version of the weights every token was sampled with: the engine's
+    count of weight updates finished since it started (an engine drains its running requests
+    before an update, so one call never spans two versions); None where the engine cannot tell
+    (an HTTP endpoint, a failed call)."""
 
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
     finish_reason: Literal["stop", "length", "abort", "error"] = "stop"
     error: str = ""
+    weights_version: int | None = None
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ async def run_agent(
         finally:
             traj.timings.generate_s += time.perf_counter() - started
         traj.turns += 1
-        traj.append(gen.token_ids, sampled=True, logprobs=gen.logprobs)
+        traj.append(gen.token_ids, sampled=True, logprobs=gen.logprobs, version=gen.weights_version)
         if gen.finish_reason in ("error", "abort"):
             traj.finish_reason = "error"
             traj.error = gen.error or f"engine {engine.name}: request {gen.finish_reason}"

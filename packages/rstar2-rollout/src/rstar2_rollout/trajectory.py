@@ -3,8 +3,17 @@
 `Trajectory` is what the trainer consumes. It satisfies rstar2-algos' scored-trajectory Protocol
 structurally (group_id, reward, response_ids, loss_mask, tool_outcome_counts, answer_blocks,
 turns) without importing it. Invariants, kept by `append` and checked by `validate`:
-`len(response_ids) == len(loss_mask) == len(logprobs)`, mask values are 0/1, and logprobs are
-0.0 wherever the mask is 0 (template and tool tokens were not sampled).
+`len(response_ids) == len(loss_mask) == len(logprobs) == len(versions)`, mask values are 0/1,
+logprobs are 0.0 and versions -1 wherever the mask is 0 (template and tool tokens were not
+sampled).
+
+Versions: `versions[i]` is the weights version token i was sampled with (the engine's
+`Generation.weights_version`, its count of weight updates), -1 where not sampled or where the
+engine could not tell. `oldest_version` is the smallest known one (None: none known). A
+trajectory's staleness at a training step is the trainer's version minus its oldest;
+`staleness_stats` summarises it over a batch (`staleness_mean`, `staleness_max`, and
+`staleness_unknown`: trajectories without a known version, e.g. from an HTTP endpoint). The
+gRPC wire carries versions (`Trajectory.versions` in rollout.proto).
 
 Tool outcomes, one per `<tool_call>` block the model wrote:
 - ok: ran to completion (`ExecutionStatus.OK`, or `OUTPUT_TRUNCATED`: it ran, output was capped);
@@ -80,6 +89,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)  # 1: sampled by the policy
     logprobs: list[float] = field(default_factory=list)  # sampler's, per response token
+    versions: list[int] = field(default_factory=list)  # weights version per token, -1: none
     turns: int = 0  # assistant turns generated
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     tool_outcome_counts: Mapping[str, int] = field(
@@ -96,10 +106,21 @@ class Trajectory:
     def sampled_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest weights version any of its tokens was sampled with; None if none known."""
+        return min((v for v in self.versions if v >= 0), default=None)
+
     def append(
-        self, token_ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] = ()
+        self,
+        token_ids: Sequence[int],
+        *,
+        sampled: bool,
+        logprobs: Sequence[float] = (),
+        version: int | None = None,
     ) -> None:
-        """Add tokens to the response; logprobs are kept only for sampled tokens."""
+        """Add tokens to the response; logprobs and the weights version are kept only for
+        sampled tokens."""
         ids = list(token_ids)
         if sampled and logprobs and len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
@@ -107,6 +128,8 @@ class Trajectory:
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         kept = list(logprobs) if sampled and logprobs else [0.0] * len(ids)
         self.logprobs.extend(kept)
+        tag = version if sampled and version is not None else -1
+        self.versions.extend([tag] * len(ids))
 
     def record(self, call: ToolCallRecord) -> None:
         """Add a tool call and count its outcome."""
@@ -118,16 +141,31 @@ class Trajectory:
     def validate(self) -> None:
         """Raise ValueError when the token bookkeeping is inconsistent."""
         n = len(self.response_ids)
-        if len(self.loss_mask) != n or len(self.logprobs) != n:
+        if len(self.loss_mask) != n or len(self.logprobs) != n or len(self.versions) != n:
             raise ValueError(
-                f"lengths differ: {n} ids, {len(self.loss_mask)} mask, {len(self.logprobs)} logprobs"
+                f"lengths differ: {n} ids, {len(self.loss_mask)} mask, {len(self.logprobs)} "
+                f"logprobs, {len(self.versions)} versions"
             )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss mask values must be 0 or 1")
         if any(m == 0 and lp != 0.0 for m, lp in zip(self.loss_mask, self.logprobs, strict=True)):
             raise ValueError("logprobs must be 0.0 where the mask is 0")
+        if any(m == 0 and v != -1 for m, v in zip(self.loss_mask, self.versions, strict=True)):
+            raise ValueError("versions must be -1 where the mask is 0")
         counted = {k: 0 for k in TOOL_OUTCOMES}
         for call in self.tool_calls:
             counted[call.outcome] += 1
         if counted != dict(self.tool_outcome_counts):
             raise ValueError(f"tool_outcome_counts {self.tool_outcome_counts} != {counted}")
+
+
+def staleness_stats(trajectories: Sequence[Trajectory], version: int) -> dict[str, float]:
+    """Staleness at trainer weights `version` (its version minus each trajectory's oldest):
+    mean and max over the trajectories with a known version (0.0 when none), and how many had
+    none (`staleness_unknown`)."""
+    ages = [version - v for v in (t.oldest_version for t in trajectories) if v is not None]
+    return {
+        "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
+        "staleness_max": float(max(ages, default=0)),
+        "staleness_unknown": float(len(trajectories) - len(ages)),
+    }

@@ -106,7 +106,7 @@ class ToolCall(_message.Message):
     def __init__(self, turn: _Optional[int] = ..., code: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., latency_s: _Optional[float] = ..., name: _Optional[str] = ..., stdin: _Optional[str] = ..., message: _Optional[str] = ..., response: _Optional[str] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("problem_id", "sample_index", "prompt_ids", "response_ids", "loss_mask", "logprobs", "turns", "tool_calls", "final_answer", "finish_reason", "answer_blocks", "generate_s", "tool_s", "error", "engine", "queued_s")
+    __slots__ = ("problem_id", "sample_index", "prompt_ids", "response_ids", "loss_mask", "logprobs", "turns", "tool_calls", "final_answer", "finish_reason", "answer_blocks", "generate_s", "tool_s", "error", "engine", "queued_s", "versions")
     PROBLEM_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class Trajectory(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     problem_id: str
     sample_index: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -139,7 +140,8 @@ class Trajectory(_message.Message):
     error: str
     engine: str
     queued_s: float
-    def __init__(self, problem_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., final_answer: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., answer_blocks: _Optional[int] = ..., generate_s: _Optional[float] = ..., tool_s: _Optional[float] = ..., error: _Optional[str] = ..., engine: _Optional[str] = ..., queued_s: _Optional[float] = ...) -> None: ...
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, problem_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., final_answer: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., answer_blocks: _Optional[int] = ..., generate_s: _Optional[float] = ..., tool_s: _Optional[float] = ..., error: _Optional[str] = ..., engine: _Optional[str] = ..., queued_s: _Optional[float] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

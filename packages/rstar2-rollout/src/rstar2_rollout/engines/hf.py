@@ -5,7 +5,10 @@ updates), so the event loop stays free while it computes. It is slow next to vLL
 paged KV cache (`kv_capacity()` is None), but it is the reference other engines are tested
 against: greedy output of vLLM after a weight sync must equal this engine's on the same weights.
 
-Logprobs are of the raw logits (before temperature and top-p), as vLLM reports them by default.
+Logprobs are log_softmax(logits / temperature) of the raw logits (the raw logits' own at
+temperature 0): the tempered distribution the trainer scores, as the vLLM engine reports them.
+Unlike vLLM's they are not renormalised over the top-p nucleus.
+`weights_version` counts the weight updates loaded (each `Generation` carries the one it ran on).
 A request's `seed` seeds torch's global generator under the lock, so seeded sampling is
 reproducible. Needs the `hf` extra (torch, transformers).
 Not covered: batching concurrent requests together.
@@ -32,6 +35,7 @@ class HFEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
+        self.weights_version = 0  # weight updates loaded since the engine started
         self._closed = False
 
     @classmethod
@@ -87,10 +91,13 @@ class HFEngine:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+            version = self.weights_version
         new = out.sequences[0, len(prompt_ids) :]  # [N]
         logprobs: list[float] = []
         if params.logprobs and len(new):
             logits = torch.stack(out.logits)[:, 0, :].float()  # [N, V]
+            if params.temperature > 0:
+                logits = logits / params.temperature
             picked = torch.log_softmax(logits, dim=-1).gather(1, new[:, None])  # [N, 1]
             logprobs = picked[:, 0].tolist()
         token_ids = new.tolist()
@@ -99,7 +106,7 @@ class HFEngine:
             text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
             stopped = stopped or any(text.endswith(s) for s in params.stop)
         finish = "stop" if stopped or len(token_ids) < params.max_tokens else "length"
-        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
+        return Generation(token_ids, logprobs, finish, weights_version=version)
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         await asyncio.to_thread(self._load, named_tensors)
@@ -109,10 +116,13 @@ class HFEngine:
 
         state = self.model.state_dict()
         with self._lock, torch.no_grad():
-            for name, tensor in named_tensors:
-                if name not in state:
-                    raise KeyError(f"{self.name}: the model has no weight named {name!r}")
-                state[name].copy_(tensor)
+            try:
+                for name, tensor in named_tensors:
+                    if name not in state:
+                        raise KeyError(f"{self.name}: the model has no weight named {name!r}")
+                    state[name].copy_(tensor)
+            finally:
+                self.weights_version += 1  # a failed update changed weights too
 
     async def close(self) -> None:
         self._closed = True

