@@ -16,7 +16,7 @@ from rstar2_rollout import (
     render_call,
     run_agent,
 )
-from rstar2_rollout.chat import IM_END, REASON_OPEN
+from rstar2_rollout.chat import IM_END, REASON_OPEN, system_prompt
 from rstar2_rollout.engine import Generation
 from rstar2_rollout.trajectory import Trajectory
 
@@ -62,6 +62,23 @@ def test_a_tool_call_runs_in_the_sandbox_and_comes_back_as_a_user_turn(
     ]
     sampled = [lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m]
     assert sampled == [-0.5] * traj.sampled_tokens
+
+
+def test_without_the_tool_a_call_is_not_run_and_the_prompt_has_no_schema(
+    runner, tokenizer, scripted
+):
+    config = RolloutConfig(temperature=0, tool=False)
+    traj = roll(runner, None, tokenizer, scripted, [f" Compute. </reason>{CALL}", ANSWER], config)
+    assert (traj.finish_reason, traj.turns, traj.tool_calls) == ("no_tool_call", 1, [])
+    prompt = tokenizer.decode(traj.prompt_ids, skip_special_tokens=False)
+    assert "<tools>" not in prompt and "<reason>" in prompt
+    with_tool = tokenizer.decode(
+        ChatFormat(tokenizer, system_prompt()).prompt_ids("What is 6*7?"), skip_special_tokens=False
+    )
+    assert "<tools>" in with_tool
+    # a tool call with the tool offered and no sandbox: the system's failure, said in one line
+    traj = roll(runner, None, tokenizer, scripted, [f" Compute. </reason>{CALL}"])
+    assert (traj.finish_reason, traj.error) == ("error", "a tool call, and no sandbox to run it")
 
 
 def test_tool_failures_are_structured_outcomes(runner, sandbox, tokenizer, scripted):

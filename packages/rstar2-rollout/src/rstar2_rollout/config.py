@@ -146,6 +146,11 @@ class RolloutConfig(_Frozen):
         default="paper",
         description="The paper's system prompt with the tool schema, or a compact one (tiny models).",
     )
+    tool: bool = Field(
+        default=True,
+        description="Offer the Python tool. False: the paper's prompt without the tool schema, "
+        "and a turn's tool calls are not run (it ends the trajectory).",
+    )
 
 
 # ---------------------------------------------------------------- scheduling

@@ -21,6 +21,10 @@ A turn ends with the model's stop token. Then:
 - the engine failed, the sandbox raised, or a call came back `sandbox_error` (the sandbox, not the
   model, failed): "error" (the message is kept in `error`; trainers drop such trajectories).
 
+With `config.tool` False (the label check's plain mode) the system prompt has no tool schema
+(`chat_format`), no call is run and the first turn ends the trajectory as if it had none; no
+sandbox is needed (`sandbox=None`).
+
 The budget counts response tokens; with `count_tool_tokens` (the paper's choice) template and
 tool tokens count too and the response never exceeds it (a tool response that would overflow is
 cut and the trajectory ends "max_length"). Not covered: choosing engines (the scheduler) and
@@ -103,9 +107,18 @@ def truncate_middle(text: str, limit: int | None) -> str:
     return text[:head] + marker + text[len(text) - keep // 2 :]
 
 
+def chat_format(tokenizer: Tokenizer | ChatFormat, config: RolloutConfig) -> ChatFormat:
+    """The chat template of a rollout: the tool's schema in the system prompt when it is offered."""
+    if isinstance(tokenizer, ChatFormat):
+        return tokenizer
+    if config.tool:
+        return ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
+    return ChatFormat(tokenizer, system_prompt((), style=config.system_prompt))
+
+
 async def run_agent(
     engine: Engine,
-    sandbox: Sandbox,
+    sandbox: Sandbox | None,
     tokenizer: Tokenizer | ChatFormat,
     problem: ProblemLike,
     config: RolloutConfig,
@@ -114,11 +127,7 @@ async def run_agent(
     request_id: str = "",
 ) -> Trajectory:
     """Roll out one trajectory of `problem`; never raises for model, engine or tool failures."""
-    fmt = (
-        tokenizer
-        if isinstance(tokenizer, ChatFormat)
-        else ChatFormat(tokenizer, system_prompt(style=config.system_prompt))
-    )
+    fmt = chat_format(tokenizer, config)
     traj = Trajectory(group_id=problem.id, sample_index=sample_index)
     traj.prompt_ids = fmt.prompt_ids(problem.question)
     stop_ids = (fmt.im_end_id,)
@@ -170,8 +179,11 @@ async def run_agent(
         if gen.finish_reason == "length":
             traj.finish_reason = "max_length"
             break
-        if not parsed.calls:
+        if not parsed.calls or not config.tool:
             traj.finish_reason = "answered" if traj.answer_blocks else "no_tool_call"
+            break
+        if sandbox is None:
+            traj.finish_reason, traj.error = "error", "a tool call, and no sandbox to run it"
             break
         try:
             outputs = await _run_calls(sandbox, traj, turn, parsed.calls, config, rid)

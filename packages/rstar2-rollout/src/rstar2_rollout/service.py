@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rstar2_rollout.chat import ChatFormat, Tokenizer, system_prompt
+from rstar2_rollout.chat import ChatFormat, Tokenizer
 from rstar2_rollout.config import (
     LeastRequestsPolicy,
     RequestLimits,
@@ -37,7 +37,7 @@ from rstar2_rollout.config import (
     SchedulerConfig,
 )
 from rstar2_rollout.engine import Engine
-from rstar2_rollout.loop import RolloutTask, run_agent
+from rstar2_rollout.loop import RolloutTask, chat_format, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, Scheduler
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_rollout.weights import TensorInfo, WeightSpec
@@ -127,18 +127,14 @@ Produce = Callable[[RolloutTask, int, Engine, RolloutSampling], Awaitable[Trajec
 
 
 def agent_producer(
-    sandbox: Sandbox, tokenizer: Tokenizer | ChatFormat, base: RolloutConfig
+    sandbox: Sandbox | None, tokenizer: Tokenizer | ChatFormat, base: RolloutConfig
 ) -> tuple[Produce, Callable[[RolloutTask], int]]:
     """`produce` over the agent loop (`run_agent`) and the prompt-length function it implies.
 
     A request's settings override `base` (`RolloutSampling.apply`); the rest (the system prompt)
     comes from `base`.
     """
-    fmt = (
-        tokenizer
-        if isinstance(tokenizer, ChatFormat)
-        else ChatFormat(tokenizer, system_prompt(style=base.system_prompt))
-    )
+    fmt = chat_format(tokenizer, base)
 
     async def produce(
         problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
@@ -150,10 +146,11 @@ def agent_producer(
 
 
 def one_engine_service(
-    engine: Engine, sandbox: Sandbox, tokenizer: Tokenizer, config: RolloutConfig
+    engine: Engine, sandbox: Sandbox | None, tokenizer: Tokenizer, config: RolloutConfig
 ) -> RolloutService:
     """A service over one engine running the agent loop, `config.max_concurrency` samples at once
-    (an evaluation's, a label check's); the caller closes `service.scheduler`."""
+    (an evaluation's, a label check's); the caller closes `service.scheduler`. `sandbox` may be
+    None only with `config.tool` False."""
     produce, prompt_tokens = agent_producer(sandbox, tokenizer, config)
     policy = LeastRequestsPolicy(max_running_per_engine=config.max_concurrency)
     scheduler: Scheduler[Trajectory] = Scheduler([engine], SchedulerConfig(policy=policy))
