@@ -127,16 +127,8 @@ class Worker:
         return fd
 
     def _fork(self, tag: int, kind: str, slot: int, cpu_s: float | None, memory: int, fds) -> None:
-        message = {
-            "op": "fork",
-            "tag": tag,
-            "kind": kind,
-            "slot": slot,
-            "cpu_s": cpu_s,
-            "memory_bytes": memory,
-        }
         try:
-            _zygote.send(self.zygote, message, fds)
+            _zygote.send_fork(self.zygote, tag, kind, slot, cpu_s, memory, fds)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -22,10 +22,12 @@ import fcntl
 import gc
 import importlib
 import json
+import math
 import os
-import selectors
+import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -75,12 +77,53 @@ def _single_threaded() -> bool:
         return False
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = json.dumps(message).encode()
+# The per-call messages are fixed structs, not JSON: the zygote's pages are shared with every
+# call it just forked, so each page it writes costs it a copy-on-write fault, and a JSON round
+# trip touches about 85 of them (bench/sandbox_profile.py; struct: about 10).
+_FORK = struct.Struct("!qBidq")  # tag, kind (0 once, 1 session), slot, cpu_s (NaN: none), memory
+_STARTED = struct.Struct("!qi")  # tag, pid
+_EXITED = struct.Struct("!qid")  # tag, wait status, cpu_s; a profile's stamps follow as JSON
+_KINDS = ("once", "session")
+
+
+def _sendmsg(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
     ancillary = []
     if fds:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
     sock.sendmsg([data], ancillary)
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """A message of any shape (ready, failed), as JSON."""
+    _sendmsg(sock, b"J" + json.dumps(message).encode(), fds)
+
+
+def send_fork(
+    sock: socket.socket, tag: int, kind: str, slot: int, cpu_s: float | None, memory: int, fds
+) -> None:
+    cpu = math.nan if cpu_s is None else cpu_s
+    _sendmsg(sock, b"F" + _FORK.pack(tag, _KINDS.index(kind), slot, cpu, memory), fds)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    op, body = data[:1], data[1:]
+    if op == b"F":
+        tag, kind, slot, cpu_s, memory = _FORK.unpack(body)
+        cpu = None if math.isnan(cpu_s) else cpu_s
+        return {"op": "fork", "tag": tag, "kind": _KINDS[kind], "slot": slot, "cpu_s": cpu,
+                "memory_bytes": memory}  # fmt: skip
+    if op == b"S":
+        tag, pid = _STARTED.unpack(body)
+        return {"op": "started", "tag": tag, "pid": pid}
+    if op == b"X":
+        tag, status, cpu_s = _EXITED.unpack_from(body)
+        message = {"op": "exited", "tag": tag, "status": status, "cpu_s": cpu_s}
+        if len(body) > _EXITED.size:
+            message["profile"] = json.loads(body[_EXITED.size :])
+        return message
+    if op == b"J":
+        return json.loads(body)
+    raise ValueError(f"unknown message kind {op!r}")
 
 
 def receive(sock: socket.socket, size: int = 1 << 16) -> tuple[dict[str, Any], list[int]] | None:
@@ -96,7 +139,7 @@ def receive(sock: socket.socket, size: int = 1 << 16) -> tuple[dict[str, Any], l
         for fd in fds:
             os.close(fd)
         return None
-    return json.loads(data), fds
+    return _decode(data), fds
 
 
 class Zygote:
@@ -107,7 +150,8 @@ class Zygote:
         self.seccomp = seccomp
         self.private_tmp = True
         self.children: dict[int, tuple[int, int]] = {}  # pid -> (tag, pidfd)
-        self.selector = selectors.DefaultSelector()
+        self.poll = select.epoll()  # raw epoll: fewer objects touched per call than selectors
+        self.pids: dict[int, int] = {}  # pidfd -> pid
         self.forks = 0
         self.raw_fork = False  # set once the warm-up is over and one thread is left (`main`)
         self.stamps: list[tuple[str, int, int, int]] | None = [] if config.get("profile") else None
@@ -195,8 +239,9 @@ class Zygote:
                 os.close(fd)
         pidfd = os.pidfd_open(pid)
         self.children[pid] = (message["tag"], pidfd)
-        self.selector.register(pidfd, selectors.EVENT_READ, pid)
-        send(self.sock, {"op": "started", "tag": message["tag"], "pid": pid}, [pidfd])
+        self.pids[pidfd] = pid
+        self.poll.register(pidfd, select.EPOLLIN)
+        _sendmsg(self.sock, b"S" + _STARTED.pack(message["tag"], pid), [pidfd])
         if self.stamps is not None:
             self.stamps.append(("zygote_started_sent", _clock(), time.process_time_ns(), 0))
             self.profiles[message["tag"]] = self.stamps[:]
@@ -204,19 +249,19 @@ class Zygote:
     def reap(self, pid: int) -> None:
         seen = _clock() if self.stamps is not None else 0
         tag, pidfd = self.children.pop(pid)
-        self.selector.unregister(pidfd)
+        self.poll.unregister(pidfd)
+        del self.pids[pidfd]
         os.close(pidfd)
         _, status, usage = os.wait4(pid, 0)
-        cpu = usage.ru_utime + usage.ru_stime
-        message = {"op": "exited", "tag": tag, "status": status, "cpu_s": cpu}
+        data = b"X" + _EXITED.pack(tag, status, usage.ru_utime + usage.ru_stime)
         if self.stamps is not None:
             stamps = self.profiles.pop(tag, [])
             stamps += [
                 ("zygote_exit_seen", seen, 0, 0),
                 ("zygote_reaped", _clock(), 0, usage.ru_minflt),
             ]
-            message["profile"] = stamps
-        send(self.sock, message)
+            data += json.dumps(stamps).encode()
+        _sendmsg(self.sock, data)
 
     def reap_orphans(self) -> None:
         """As pid 1, reap what calls left behind (only possible without seccomp)."""
@@ -231,16 +276,17 @@ class Zygote:
                 os.waitpid(found.si_pid, 0)
 
     def serve(self) -> None:
-        self.selector.register(self.sock, selectors.EVENT_READ, None)
+        own = self.sock.fileno()
+        self.poll.register(own, select.EPOLLIN)
         while True:
-            for key, _ in self.selector.select(1.0):
-                if key.data is None:
+            for fd, _ in self.poll.poll(1.0):
+                if fd == own:
                     received = receive(self.sock)
                     if received is None:
                         return
                     self.handle(*received)
-                else:
-                    self.reap(key.data)
+                elif fd in self.pids:
+                    self.reap(self.pids[fd])
             self.reap_orphans()
 
 
