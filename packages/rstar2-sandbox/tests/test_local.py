@@ -334,3 +334,35 @@ def test_finalizers_at_exit_see_globals_and_files_come_and_go(runner, sandbox):
     assert (r.status, r.stdout, r.files) == (S.OK, "hi\n", {"b": b"\0\1"})
     r = run(runner, sandbox, "print(1)", files={"/proc/x": b""})
     assert r.status is S.ERROR and "cannot write file '/proc/x'" in r.traceback
+
+
+def test_calls_do_not_share_a_random_sequence(runner, sandbox):
+    # The zygote forks without the interpreter's at-fork hooks; each call still reseeds `random`,
+    # as a fresh `python` would, so two calls never draw the same numbers.
+    code = "import random, threading\nprint(random.getrandbits(64), threading.active_count())"
+    outputs = {run(runner, sandbox, code).stdout for _ in range(4)}
+    assert len(outputs) == 4 and all(o.split()[1] == "1" for o in outputs)
+
+
+def test_profile_mode_stamps_every_phase_of_a_call(runner):
+    # bench/sandbox_profile.py reads these stamps; every phase must be there, in call order.
+    sb = LocalSandbox(SandboxConfig(workers=1, max_in_flight=2, warmup_code="", profile=True))
+    try:
+        r = runner.run(sb.execute(ExecutionRequest(code="print(6 * 7)")))
+        assert (r.status, r.stdout) == (S.OK, "42\n")
+        (profile,) = sb.profiles
+        order = [
+            name for part in ("pool", "worker", "zygote", "child") for name, *_ in profile[part]
+        ]
+        wanted = {"pool_sent", "worker_received", "zygote_fork", "forked", "private_tmp", "seccomp"}
+        assert wanted | {"ran", "finished", "zygote_reaped", "pool_answered"} <= set(order)
+        when = {
+            name: at for part in profile.values() if isinstance(part, list) for name, at, *_ in part
+        }
+        chain = ["pool_sent", "worker_received", "zygote_fork", "forked", "seccomp", "ran"]
+        chain += ["finished", "zygote_reaped", "worker_answered", "pool_answered"]
+        times = [when[name] for name in chain]
+        assert times == sorted(times)
+        assert profile["child_cpu_ns"] > 0
+    finally:
+        runner.run(sb.close())

@@ -38,9 +38,11 @@ import io
 import json
 import linecache
 import os
+import resource
 import struct
 import sys
 import threading
+import time
 import traceback
 import types
 import weakref
@@ -57,6 +59,15 @@ _WRITE = os.write
 _OPEN = os.open
 _B64 = b64encode
 FETCH_CAP = 768 << 10  # base64 bytes of fetched files in one report (the report's cap is 1 MiB)
+
+
+def stamper(stamps: list[Any] | None):
+    """Bench only: a function appending (phase, perf_counter_ns, CPU ns, minor faults) to
+    `stamps`, or doing nothing when it is None (bound here, before any user code runs)."""
+    if stamps is None:
+        return lambda phase: None
+    clock, cpu, usage = time.perf_counter_ns, time.process_time_ns, resource.getrusage
+    return lambda phase: stamps.append((phase, clock(), cpu(), usage(0).ru_minflt))
 
 
 def _capped_text(text: str, cap: int) -> str:
@@ -216,8 +227,12 @@ def _fetch(home: str, names: list[str]) -> dict[str, str]:
     return found
 
 
-def run_once(code_fd: int, result_fd: int) -> None:
-    """Body of a one-shot child: read the code from `code_fd`, run it, report, exit."""
+def run_once(code_fd: int, result_fd: int, stamps: list[Any] | None = None) -> None:
+    """Body of a one-shot child: read the code from `code_fd`, run it, report, exit.
+
+    `stamps` (bench only): the phases so far; this adds its own and sends them in the report.
+    """
+    stamp = stamper(stamps)
     code, files, fetch = _unpack(_read_all(code_fd))
     os.close(code_fd)
     home = os.getcwd()
@@ -232,7 +247,9 @@ def run_once(code_fd: int, result_fd: int) -> None:
         errors="backslashreplace",
         write_through=True,
     )
+    stamp("read_code")
     outcome, main = _run_main(code, files)
+    stamp("ran")
     _finish_like_python(main)
     if fetch:
         outcome["files"] = _fetch(home, fetch)
@@ -240,6 +257,9 @@ def run_once(code_fd: int, result_fd: int) -> None:
         # A broken pipe or a full disk must not hide the outcome.
         with contextlib.suppress(BaseException):
             stream.flush()  # type: ignore[union-attr]
+    stamp("finished")
+    if stamps is not None:
+        outcome["profile"] = stamps
     with contextlib.suppress(BaseException):
         data = _ENCODE(outcome).encode()
         view = memoryview(data)

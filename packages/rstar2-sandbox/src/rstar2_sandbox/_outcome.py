@@ -22,7 +22,7 @@ from typing import Any
 
 REPORT_CAP = 1 << 20
 _ONCE_FIELDS = {"exc_type": str, "traceback": str, "repr": str, "exit_code": int}
-_OPTIONAL = {"files"}  # a one-shot call's fetched files: name -> base64
+_OPTIONAL = {"files", "profile"}  # fetched files (name -> base64); phase stamps (bench only)
 _SESSION_FIELDS = _ONCE_FIELDS | {
     "stdout": str,
     "stderr": str,

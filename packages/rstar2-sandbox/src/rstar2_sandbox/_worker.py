@@ -63,6 +63,7 @@ class _Call:
     next_check: float = 0.0
     queue_s: float = 0.0
     session: _Session | None = None
+    stamps: list[Any] | None = None  # bench only: (phase, perf_counter_ns, CPU ns, faults)
 
 
 @dataclass
@@ -126,16 +127,8 @@ class Worker:
         return fd
 
     def _fork(self, tag: int, kind: str, slot: int, cpu_s: float | None, memory: int, fds) -> None:
-        message = {
-            "op": "fork",
-            "tag": tag,
-            "kind": kind,
-            "slot": slot,
-            "cpu_s": cpu_s,
-            "memory_bytes": memory,
-        }
         try:
-            _zygote.send(self.zygote, message, fds)
+            _zygote.send_fork(self.zygote, tag, kind, slot, cpu_s, memory, fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -192,10 +185,15 @@ class Worker:
             call.data[name], call.sizes[name] = bytearray(), 0
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", call, name))
         self.calls[tag] = call
+        if self.config.get("profile"):
+            call.stamps = [("worker_received", int(msg["received"] * 1e9), 0, 0)]
+            call.stamps.append(("worker_prepared", time.perf_counter_ns(), 0, 0))
         self._fork(
             tag, "once", slot, call.cpu_limit_s, msg["memory_bytes"],
             [stdin, out_w, err_w, res_w, code],
         )  # fmt: skip
+        if call.stamps is not None:
+            call.stamps.append(("worker_handed", time.perf_counter_ns(), 0, 0))
 
     def _read_pipe(self, call: _Call, fd: int, name: str) -> None:
         """Read what is there, keeping at most the cap; closes the descriptor at EOF."""
@@ -215,8 +213,12 @@ class Worker:
             if room > 0:
                 call.data[name] += chunk[:room]
 
-    def finish_call(self, tag: int, status: int, cpu_s: float) -> None:
+    def finish_call(
+        self, tag: int, status: int, cpu_s: float, zygote_stamps: list[Any] | None = None
+    ) -> None:
         call = self.calls.pop(tag)
+        if call.stamps is not None:
+            call.stamps.append(("worker_exit_heard", time.perf_counter_ns(), 0, 0))
         wall = time.monotonic() - call.started
         for fd, name in list(call.fds.items()):
             with contextlib.suppress(OSError):
@@ -242,6 +244,15 @@ class Worker:
             report_problem=problem,
         )
         extra = {"op": "done", "id": call.id, "wall_s": wall, "queue_s": call.queue_s}
+        child = report.pop("profile", None) if report is not None else None
+        if call.stamps is not None:
+            call.stamps.append(("worker_answered", time.perf_counter_ns(), 0, 0))
+            extra["profile"] = {
+                "worker": call.stamps,
+                "zygote": zygote_stamps or [],
+                "child": child if isinstance(child, list) else [],
+                "child_cpu_ns": int(cpu_s * 1e9),
+            }
         self.send(classify(outcome) | extra | {"cpu_s": cpu_s})
 
     def _fail_call(self, tag: int, why: str) -> None:
@@ -287,7 +298,7 @@ class Worker:
                 os.close(pidfd)
         elif message["op"] == "exited":
             if tag in self.calls:
-                self.finish_call(tag, message["status"], message["cpu_s"])
+                self.finish_call(tag, message["status"], message["cpu_s"], message.get("profile"))
             elif tag in self.session_tags:
                 self._session_exited(self.session_tags[tag], message)
         elif message["op"] == "failed":
@@ -429,7 +440,7 @@ class Worker:
 
     # --- the loop ---------------------------------------------------------------------------
     def handle(self, msg: dict[str, Any]) -> None:
-        msg["received"] = time.monotonic()
+        msg["received"] = time.monotonic()  # the same clock as perf_counter on Linux
         if msg["op"] == "run":
             try:
                 (self.session_call if msg.get("session") else self.start_call)(msg)

@@ -22,10 +22,15 @@ import fcntl
 import gc
 import importlib
 import json
+import math
 import os
-import selectors
+import select
 import signal
 import socket
+import struct
+import sys
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -37,15 +42,88 @@ _MADV_COLLAPSE = 25  # Linux 6.1
 _HUGE = 1 << 21
 _RECOLLAPSE_EVERY = 256  # forks; the zygote's own writes split huge pages its calls still share
 _LIBC = ctypes.CDLL(None, use_errno=True)
+_clock = time.perf_counter_ns  # CLOCK_MONOTONIC: one clock for the worker, zygote and calls
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_PYLIBC = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across fork, as os.fork
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = json.dumps(message).encode()
+def _raw_fork() -> int:
+    """fork(2) without the interpreter's after-fork work; only for a single-threaded zygote.
+
+    `os.fork` re-initialises the runtime's locks and threads and runs the `register_at_fork`
+    hooks (threading's, random's) in the child: about 200 copy-on-write faults of the warm
+    image, 1.5 ms of a call's CPU on this machine. With one thread and no lock held there is
+    nothing to re-initialise; the one hook whose effect a call can see, random's reseed, the
+    child does itself (`_reseed`).
+    """
+    pid = _PYLIBC.fork()
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fork: {os.strerror(err)}")
+    return pid
+
+
+def _reseed() -> None:
+    """What random's at-fork hook does: a fresh seed, so two calls never share a sequence."""
+    module = sys.modules.get("random")
+    if module is not None:
+        module.seed()
+
+
+def _single_threaded() -> bool:
+    try:
+        return len(os.listdir("/proc/self/task")) == 1 and threading.active_count() == 1
+    except OSError:
+        return False
+
+
+# The per-call messages are fixed structs, not JSON: the zygote's pages are shared with every
+# call it just forked, so each page it writes costs it a copy-on-write fault, and a JSON round
+# trip touches about 85 of them (bench/sandbox_profile.py; struct: about 10).
+_FORK = struct.Struct("!qBidq")  # tag, kind (0 once, 1 session), slot, cpu_s (NaN: none), memory
+_STARTED = struct.Struct("!qi")  # tag, pid
+_EXITED = struct.Struct("!qid")  # tag, wait status, cpu_s; a profile's stamps follow as JSON
+_KINDS = ("once", "session")
+
+
+def _sendmsg(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
     ancillary = []
     if fds:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
     sock.sendmsg([data], ancillary)
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """A message of any shape (ready, failed), as JSON."""
+    _sendmsg(sock, b"J" + json.dumps(message).encode(), fds)
+
+
+def send_fork(
+    sock: socket.socket, tag: int, kind: str, slot: int, cpu_s: float | None, memory: int, fds
+) -> None:
+    cpu = math.nan if cpu_s is None else cpu_s
+    _sendmsg(sock, b"F" + _FORK.pack(tag, _KINDS.index(kind), slot, cpu, memory), fds)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    op, body = data[:1], data[1:]
+    if op == b"F":
+        tag, kind, slot, cpu_s, memory = _FORK.unpack(body)
+        cpu = None if math.isnan(cpu_s) else cpu_s
+        return {"op": "fork", "tag": tag, "kind": _KINDS[kind], "slot": slot, "cpu_s": cpu,
+                "memory_bytes": memory}  # fmt: skip
+    if op == b"S":
+        tag, pid = _STARTED.unpack(body)
+        return {"op": "started", "tag": tag, "pid": pid}
+    if op == b"X":
+        tag, status, cpu_s = _EXITED.unpack_from(body)
+        message = {"op": "exited", "tag": tag, "status": status, "cpu_s": cpu_s}
+        if len(body) > _EXITED.size:
+            message["profile"] = json.loads(body[_EXITED.size :])
+        return message
+    if op == b"J":
+        return json.loads(body)
+    raise ValueError(f"unknown message kind {op!r}")
 
 
 def receive(sock: socket.socket, size: int = 1 << 16) -> tuple[dict[str, Any], list[int]] | None:
@@ -61,7 +139,7 @@ def receive(sock: socket.socket, size: int = 1 << 16) -> tuple[dict[str, Any], l
         for fd in fds:
             os.close(fd)
         return None
-    return json.loads(data), fds
+    return _decode(data), fds
 
 
 class Zygote:
@@ -72,8 +150,12 @@ class Zygote:
         self.seccomp = seccomp
         self.private_tmp = True
         self.children: dict[int, tuple[int, int]] = {}  # pid -> (tag, pidfd)
-        self.selector = selectors.DefaultSelector()
+        self.poll = select.epoll()  # raw epoll: fewer objects touched per call than selectors
+        self.pids: dict[int, int] = {}  # pidfd -> pid
         self.forks = 0
+        self.raw_fork = False  # set once the warm-up is over and one thread is left (`main`)
+        self.stamps: list[tuple[str, int, int, int]] | None = [] if config.get("profile") else None
+        self.profiles: dict[int, list[tuple[str, int, int, int]]] = {}  # tag -> the zygote's stamps
         try:  # read at each fork: a call's RLIMIT_AS is this size plus its memory limit
             self.statm: int | None = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # no /proc (weak isolation): each call reads its own
@@ -104,9 +186,18 @@ class Zygote:
         self.forks += 1
         if self.forks % _RECOLLAPSE_EVERY == 0:
             collapse_warm_image()
-        pid = os.fork()
+        stamps = self.stamps
+        if stamps is not None:
+            stamps.append(("zygote_fork", _clock(), time.process_time_ns(), 0))
+        pid = _raw_fork() if self.raw_fork else os.fork()
         if pid == 0:  # the call: never returns
             try:
+                stamp = _child.stamper(stamps)
+                if stamps is not None:
+                    stamps.clear()
+                stamp("forked")
+                if self.raw_fork:
+                    _reseed()
                 high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
                 if kind == "session":
                     null = os.open("/dev/null", os.O_RDWR)
@@ -118,19 +209,24 @@ class Zygote:
                 os.closerange(len(targets), 1 << 16)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                _confine.confine_call(uid, limits, self.seccomp, self.private_tmp, space)
+                stamp("descriptors")
+                _confine.confine_call(uid, limits, self.seccomp, self.private_tmp, space, stamps)
                 if kind == "session":
                     _child.serve_session(3, 4)
                 else:
-                    _child.run_once(code_fd=4, result_fd=3)
+                    _child.run_once(code_fd=4, result_fd=3, stamps=stamps)
             except BaseException as exc:
                 with contextlib.suppress(BaseException):
                     os.write(2, f"sandbox: call set-up failed: {exc!r}\n".encode())
                 os._exit(70)
             os._exit(0)
+        if stamps is not None:
+            stamps.append(("zygote_forked", _clock(), time.process_time_ns(), 0))
         return pid
 
     def handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        if self.stamps is not None:
+            self.stamps[:] = [("zygote_received", _clock(), time.process_time_ns(), 0)]
         try:
             if message.get("op") != "fork":
                 raise ValueError(f"unknown operation {message.get('op')!r}")
@@ -143,16 +239,29 @@ class Zygote:
                 os.close(fd)
         pidfd = os.pidfd_open(pid)
         self.children[pid] = (message["tag"], pidfd)
-        self.selector.register(pidfd, selectors.EVENT_READ, pid)
-        send(self.sock, {"op": "started", "tag": message["tag"], "pid": pid}, [pidfd])
+        self.pids[pidfd] = pid
+        self.poll.register(pidfd, select.EPOLLIN)
+        _sendmsg(self.sock, b"S" + _STARTED.pack(message["tag"], pid), [pidfd])
+        if self.stamps is not None:
+            self.stamps.append(("zygote_started_sent", _clock(), time.process_time_ns(), 0))
+            self.profiles[message["tag"]] = self.stamps[:]
 
     def reap(self, pid: int) -> None:
+        seen = _clock() if self.stamps is not None else 0
         tag, pidfd = self.children.pop(pid)
-        self.selector.unregister(pidfd)
+        self.poll.unregister(pidfd)
+        del self.pids[pidfd]
         os.close(pidfd)
         _, status, usage = os.wait4(pid, 0)
-        cpu = usage.ru_utime + usage.ru_stime
-        send(self.sock, {"op": "exited", "tag": tag, "status": status, "cpu_s": cpu})
+        data = b"X" + _EXITED.pack(tag, status, usage.ru_utime + usage.ru_stime)
+        if self.stamps is not None:
+            stamps = self.profiles.pop(tag, [])
+            stamps += [
+                ("zygote_exit_seen", seen, 0, 0),
+                ("zygote_reaped", _clock(), 0, usage.ru_minflt),
+            ]
+            data += json.dumps(stamps).encode()
+        _sendmsg(self.sock, data)
 
     def reap_orphans(self) -> None:
         """As pid 1, reap what calls left behind (only possible without seccomp)."""
@@ -167,16 +276,17 @@ class Zygote:
                 os.waitpid(found.si_pid, 0)
 
     def serve(self) -> None:
-        self.selector.register(self.sock, selectors.EVENT_READ, None)
+        own = self.sock.fileno()
+        self.poll.register(own, select.EPOLLIN)
         while True:
-            for key, _ in self.selector.select(1.0):
-                if key.data is None:
+            for fd, _ in self.poll.poll(1.0):
+                if fd == own:
                     received = receive(self.sock)
                     if received is None:
                         return
                     self.handle(*received)
-                else:
-                    self.reap(key.data)
+                elif fd in self.pids:
+                    self.reap(self.pids[fd])
             self.reap_orphans()
 
 
@@ -273,6 +383,7 @@ def main(sock: socket.socket, config: dict[str, Any], index: int, conf: _confine
         conf.active.append("seccomp")
     else:
         conf.unavailable["seccomp"] = reason or "not available"
+    zygote.raw_fork = _single_threaded()
     gc.collect()
     gc.freeze()  # forked calls then leave the inherited objects' pages unwritten by the collector
     huge = collapse_warm_image()

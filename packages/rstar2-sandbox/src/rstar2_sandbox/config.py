@@ -132,6 +132,11 @@ class SandboxConfig(BaseModel):
         default=DEFAULT_WARMUP,
         description="Run once per worker after the imports (empty: none); failures are logged.",
     )
+    profile: bool = Field(
+        default=False,
+        description="Bench only: stamp each call's phases (perf_counter_ns, CPU ns) in the "
+        "child, zygote, worker and pool; `LocalSandbox.profiles` collects them.",
+    )
 
     @property
     def calls_per_worker(self) -> int:

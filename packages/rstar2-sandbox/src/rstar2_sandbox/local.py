@@ -90,6 +90,7 @@ class LocalSandbox:
         self._started = False
         self._cgroups: _cgroup.WorkerCgroups | None = None
         self._cgroup_reason = ""
+        self.profiles: list[dict[str, Any]] = []  # config.profile: each call's phase stamps
 
     # --- life cycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -341,6 +342,7 @@ class LocalSandbox:
             call_id = next(self._ids)
             future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             handle.pending[call_id] = future
+            sent = time.perf_counter_ns()
             handle.send(
                 {
                     "op": "run",
@@ -362,6 +364,9 @@ class LocalSandbox:
                 with contextlib.suppress(Exception):
                     handle.send({"op": "cancel", "id": call_id})
                 raise
+            if "profile" in done:
+                pool = [("pool_sent", sent, 0, 0), ("pool_answered", time.perf_counter_ns(), 0, 0)]
+                self.profiles.append(done.pop("profile") | {"pool": pool})
         finally:
             self._in_flight -= 1
             self._slots.release()

@@ -1,0 +1,128 @@
+"""Two builds of rstar2-sandbox, alternating in one run: executions/s beside a cold `python -c`.
+
+Each round starts `rstar2-sandbox serve --workers 2` from each interpreter in turn (as root, or
+as `nobody` through `tests/as_nobody.py`), drives it with `rstar2-sandbox bench --address` (the
+seeded mix, 16 in flight, every answer checked), then measures a cold `python -c` of the same
+snippets at the same concurrency (once per pair), since this shared machine's speed moves.
+The baseline is an interpreter whose `rstar2_sandbox` is another checkout (a venv whose .pth puts
+that checkout's `src` first). Prints a table, writes JSON.
+
+    uv run python bench/sandbox_ab.py --baseline /tmp/sbbase/venv/bin/python --mix no_loops \
+        --user root --user nobody --rounds 2 --json bench/results/sandbox_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rstar2_sandbox.workload import make_workload
+
+AS_NOBODY = Path(__file__).parents[1] / "packages/rstar2-sandbox/tests/as_nobody.py"
+
+
+async def _cold(codes: list[tuple[str, str]], width: int) -> float:
+    gate = asyncio.Semaphore(width)
+
+    async def one(code: str, stdin: str) -> None:
+        async with gate:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                code,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            await proc.communicate(stdin.encode())
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(c, s) for c, s in codes))
+    return len(codes) / (time.perf_counter() - start)
+
+
+def _serve(python: str, user: str) -> tuple[subprocess.Popen[str], str]:
+    argv = [python, "-m", "rstar2_sandbox.cli", "serve", "--port", "0", "--workers", "2"]
+    if user == "nobody":
+        argv = [python, str(AS_NOBODY), *argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"listening on (\S+)", line)
+    if match is None:
+        proc.kill()
+        sys.exit(f"{python} serve as {user} did not start: {line.strip()!r}")
+    return proc, match.group(1)
+
+
+def _bench(python: str, user: str, args: argparse.Namespace) -> dict[str, Any]:
+    server, address = _serve(python, user)
+    try:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            command = [sys.executable, "-m", "rstar2_sandbox.cli", "bench", "--address", address]
+            command += ["--mix", args.mix, "--calls", str(args.calls), "--json", out.name]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            return json.loads(Path(out.name).read_text())
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="interpreter of the baseline build")
+    parser.add_argument("--candidate", default=sys.executable)
+    parser.add_argument("--mix", default="no_loops", choices=("no_loops", "standard"))
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--user", action="append", choices=("root", "nobody"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cold-calls", type=int, default=16)
+    parser.add_argument("--json", default="bench/results/sandbox_ab.json")
+    args = parser.parse_args()
+    jobs = make_workload(args.cold_calls, "no_loops", seed=0)
+    codes = [(j.request.code, j.request.stdin) for j in jobs]
+    rows: list[dict[str, Any]] = []
+    for index in range(args.rounds):
+        for user in args.user or ["root"]:
+            cold = asyncio.run(_cold(codes, 16))  # once per pair: it is slow on a busy machine
+            for name, python in (("baseline", args.baseline), ("candidate", args.candidate)):
+                load = os.getloadavg()[0]
+                report = _bench(python, user, args)
+                rows.append(
+                    {
+                        "round": index + 1,
+                        "user": user,
+                        "build": name,
+                        "load_1min": load,
+                        "per_s": report["executions_per_s"],
+                        "cold_per_s": cold,
+                        "correct": report["correct"],
+                        "false_timeouts": report["false_timeouts"],
+                        "latency_s": report["latency_s"],
+                        "cpu_ms_per_call": report["cpu_ms_per_call"],
+                        "confinements": report["confinements"],
+                    }
+                )
+                r = rows[-1]
+                print(
+                    f"round {index + 1} {user:<6} {name:<9} load {load:5.2f}  "
+                    f"{r['per_s']:6.1f}/s  cold {cold:5.2f}/s  x{r['per_s'] / cold:5.1f}  "
+                    f"{r['correct']}/{args.calls} correct, {r['false_timeouts']} false timeouts",
+                    flush=True,
+                )
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"mix": args.mix, "calls": args.calls, "rows": rows}))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
