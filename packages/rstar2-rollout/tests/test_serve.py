@@ -161,7 +161,7 @@ def test_payload_headers_and_the_model_spec(tiny_model: Path) -> None:
         spec.check(bad)
 
 
-# ---------------------------------------------------------------- a real worker
+# ---------------------------------------------------------------- a real service
 
 
 @pytest.mark.slow  # vLLM start-up and a sandbox server: ~40 s on a shared 2-core machine
@@ -227,9 +227,9 @@ def test_serve_generates_takes_new_weights_and_refuses_bad_ones(
 
 
 @pytest.mark.slow  # imports torch in the child: ~10 s on a shared machine
-def test_several_cpu_vllm_engines_in_one_worker_are_refused(tiny_model: Path) -> None:
+def test_several_cpu_vllm_engines_in_one_service_are_refused(tiny_model: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("an accelerator is present")
     out = _serve("--model", str(tiny_model), "--sandbox", "local", "--port", "0", "--engines", "2")
-    assert out.returncode == 2 and "one worker per engine" in out.stderr
+    assert out.returncode == 2 and "one service per engine" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
