@@ -208,3 +208,21 @@ def test_train_step_gives_an_entropy_bonus_its_gradient() -> None:
         with_entropy=True,
     )
     assert all(float(p.grad.abs().max()) == 0.0 for p in model.parameters() if p.grad is not None)
+
+
+def test_without_the_entropy_the_logprobs_and_gradients_are_unchanged() -> None:
+    model, batch = _model(), _batch()
+
+    def nll_and_grads(**kw) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        logp, entropy = response_logprobs(model, batch, chunk_tokens=4, **kw)
+        assert (entropy is None) == (not kw["with_entropy"])
+        loss = -(logp * batch.response_mask).sum()  # the SFT loss
+        loss.backward()
+        return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]  # pyright: ignore[reportOptionalMemberAccess]
+
+    loss, grads = nll_and_grads(with_entropy=False)
+    ref_loss, ref_grads = nll_and_grads(with_entropy=True)
+    assert _rel(loss, ref_loss) < 1e-6
+    for g, ref in zip(grads, ref_grads, strict=True):
+        assert _rel(g, ref) < 1e-6

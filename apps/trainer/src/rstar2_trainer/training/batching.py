@@ -73,12 +73,14 @@ def response_logprobs(
     (`head_logprobs`): no [tokens, V] tensor is kept for backward (16 bytes a token beside the
     hidden state, not ~8 x V), and each chunk of `chunk_tokens` costs chunk x V x 10 bytes while
     it runs. The entropy is differentiable (an entropy bonus gets its exact gradient); detach it
-    where it is only a metric, it then costs nothing in backward.
+    where it is only a metric, it then costs nothing in backward. Without `with_entropy` it is
+    not computed at all (SFT, the old logprobs): on a small model, where the head is most of the
+    work, the entropy's [C, V] terms in both passes were a large share of a step.
 
     The root module is always called, so wrappers that hook its forward (FSDP2: the root's
     hooks unshard the head and embeddings) see every call: for that call the head instance's
     `forward` is replaced by one that returns the scored tokens' (logp, entropy) as `.logits`
-    ([N, 2]); parameter names are unchanged, so checkpoints stay valid.
+    ([N, 2], or [N, 1] without the entropy); parameter names are unchanged, so checkpoints stay valid.
     """
     b, t = batch.response_ids.shape
     device = batch.input_ids.device
@@ -95,7 +97,7 @@ def response_logprobs(
     if not isinstance(head, torch.nn.Linear):
         raise TypeError(f"{type(model).__name__}'s output head is not an nn.Linear")
 
-    def scored(input: torch.Tensor) -> torch.Tensor:  # [B, P, H] -> [N, 2]
+    def scored(input: torch.Tensor) -> torch.Tensor:  # [B, P, H] -> [N, 2] or [N, 1]
         logp, ent = head_logprobs(
             input[rows, at],  # [N, H]
             head.weight,
@@ -103,8 +105,9 @@ def response_logprobs(
             targets,
             temperature=temperature,
             chunk_tokens=chunk_tokens,
+            with_entropy=with_entropy,
         )
-        return torch.stack([logp, ent], dim=-1)
+        return logp[:, None] if ent is None else torch.stack([logp, ent], dim=-1)
 
     previous = head.__dict__.get("forward")
     head.forward = scored

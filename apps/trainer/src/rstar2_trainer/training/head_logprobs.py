@@ -3,10 +3,11 @@
 Letters: N scored tokens, H hidden size, V vocabulary, C tokens per chunk.
 
 Contract
-- `head_logprobs(hidden, weight, bias, targets, temperature=, chunk_tokens=)` returns, for each
-  of the N hidden states, the fp32 logprob of its target token under
+- `head_logprobs(hidden, weight, bias, targets, temperature=, chunk_tokens=, with_entropy=)`
+  returns, for each of the N hidden states, the fp32 logprob of its target token under
   softmax((hidden @ weight.T + bias) / temperature) and the entropy of that distribution, both
-  [N], both differentiable (exact gradients for hidden, weight and bias).
+  [N], both differentiable (exact gradients for hidden, weight and bias). With
+  `with_entropy=False` the entropy is None and costs nothing in either pass.
 - For backward it keeps only `hidden`, `weight` (the head's parameter, alive anyway), `targets`
   and two fp32 numbers a token (logsumexp, E_p[logits]): 4 + 4 + 8 bytes a token beside the hidden
   state, where a plain `log_softmax` keeps about 4 tensors of N x V (8.2 x V bytes a token with
@@ -49,12 +50,13 @@ class _HeadLogprobs(torch.autograd.Function):
         targets: torch.Tensor,  # [N]
         temperature: float,
         chunk: int,
+        with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)  # [N]
         lse = torch.empty_like(logp)  # [N]
-        mean_z = torch.empty_like(logp)  # [N]
+        mean_z = torch.empty_like(logp) if with_entropy else None  # [N]
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
@@ -62,9 +64,14 @@ class _HeadLogprobs(torch.autograd.Function):
                 lse_c = torch.logsumexp(z, dim=-1)  # [C]
                 lse[s:e] = lse_c
                 logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
-                p = (z - lse_c[:, None]).exp_()  # [C, V]
-                mean_z[s:e] = p.mul_(z).sum(-1)  # E_p[z]
-        ent = lse - mean_z  # H = lse - E_p[z]
+                if mean_z is not None:
+                    p = (z - lse_c[:, None]).exp_()  # [C, V]
+                    mean_z[s:e] = p.mul_(z).sum(-1)  # E_p[z]
+        if mean_z is None:  # no entropy asked: a constant, so backward never gets its gradient
+            ent = torch.zeros_like(logp)
+            ctx.mark_non_differentiable(ent)
+        else:
+            ent = lse - mean_z  # H = lse - E_p[z]
         ctx.save_for_backward(hidden, weight, bias, targets, lse, mean_z)
         ctx.temperature = temperature
         ctx.chunk = chunk
@@ -76,7 +83,7 @@ class _HeadLogprobs(torch.autograd.Function):
         hidden, weight, bias, targets, lse, mean_z = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         n, t = hidden.shape[0], ctx.temperature
         grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
         grad_w = (
@@ -95,6 +102,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 p = (z - lse[s:e, None]).exp()  # [C, V]
                 # d logp_y / dz = onehot_y - p;  dH / dz = -p (log p + H) = -p (z - E_p[z])
                 if g_ent is not None:
+                    assert mean_z is not None  # an entropy without one is non-differentiable
                     grad = z.sub_(mean_z[s:e, None]).mul_(p)
                     grad.mul_(-g_ent[s:e, None])
                     if g_logp is not None:
@@ -121,6 +129,7 @@ class _HeadLogprobs(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -132,8 +141,10 @@ def head_logprobs(
     *,
     temperature: float = 1.0,
     chunk_tokens: int = CHUNK_TOKENS,
-) -> tuple[torch.Tensor, torch.Tensor]:  # logp [N], entropy [N], fp32
-    """Target logprobs and entropies of `(hidden @ weight.T + bias) / temperature`, chunked."""
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # logp [N], entropy [N], fp32
+    """Target logprobs and entropies of `(hidden @ weight.T + bias) / temperature`, chunked;
+    without `with_entropy` the entropy is None and neither pass spends a [C, V] op on it."""
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     device_type = hidden.device.type
@@ -145,5 +156,8 @@ def head_logprobs(
     elif weight.dtype != hidden.dtype:
         weight = weight.to(hidden.dtype)
         bias = bias.to(hidden.dtype) if bias is not None else None
-    out = _HeadLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk_tokens)
-    return out[0], out[1]  # pyright: ignore[reportIndexIssue, reportOptionalSubscript]
+    out = _HeadLogprobs.apply(
+        hidden, weight, bias, targets, float(temperature), chunk_tokens, with_entropy
+    )
+    logp, ent = out  # pyright: ignore[reportGeneralTypeIssues]
+    return logp, (ent if with_entropy else None)
