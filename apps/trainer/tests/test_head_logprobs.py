@@ -120,8 +120,10 @@ def test_a_head_with_bias_gets_exact_gradients() -> None:
     bias = torch.randn(11, dtype=torch.float64, requires_grad=True)  # [V]
     targets = torch.randint(0, 11, (7,))
 
-    def f(h, w, b):
-        return head_logprobs(h, w, b, targets, temperature=0.8, chunk_tokens=3)
+    def f(h, w, b) -> tuple[torch.Tensor, torch.Tensor]:
+        logp, entropy = head_logprobs(h, w, b, targets, temperature=0.8, chunk_tokens=3)
+        assert entropy is not None
+        return logp, entropy
 
     assert torch.autograd.gradcheck(f, (hidden, weight, bias))
 
