@@ -1,8 +1,8 @@
-"""`async.max_staleness` and `async.partial_rollout`: keys of every recipe, synchronous only.
-
-The asynchronous pipeline (issue #30, items 3-4) is not built, so any other value is refused in
-one line rather than accepted and ignored; colocated placement can only ever overlap partial
-rollouts, which is its own line.
+"""`async.max_staleness` and `async.partial_rollout`: keys of every recipe; partial rollouts run
+with local engines, and what is not built is refused in one line rather than accepted and
+ignored: generation during training (staleness without partial rollouts), partial rollouts on a
+cluster or on remote services, and partial rollouts with no staleness allowed. Colocated
+placement can only ever overlap partial rollouts, which is its own line.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rstar2_trainer.cli import main
 from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
 
 COLOCATED = {"gpu-1", "node-8gpu", "qwen3-14b-mi300x", "sft-paper"}
+PARTIAL = ["async.max_staleness=2", "async.partial_rollout=true"]
 
 
 def test_every_recipe_takes_the_synchronous_values_and_writes_them_back():
@@ -27,9 +28,8 @@ def test_every_recipe_takes_the_synchronous_values_and_writes_them_back():
 
 
 @pytest.mark.parametrize("name", sorted(recipes()))
-def test_asynchronous_values_are_refused_in_one_line(name, capsys):
-    argv = [name, "--dry-run", "async.max_staleness=2"]
-    assert main(argv) == 2
+def test_what_is_not_built_is_refused_in_one_line(name, capsys):
+    assert main([name, "--dry-run", "async.max_staleness=2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     if name in COLOCATED:
@@ -37,11 +37,25 @@ def test_asynchronous_values_are_refused_in_one_line(name, capsys):
             "async.max_staleness > 0 with cluster.colocate needs async.partial_rollout: true" in err
         )
     else:
-        assert "async.max_staleness > 0 is not implemented yet" in err
-    assert main([name, "--dry-run", "async.max_staleness=2", "async.partial_rollout=true"]) == 2
-    assert "async.max_staleness > 0 is not implemented yet" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match=r"async\.partial_rollout is not implemented yet"):
+        assert "async.max_staleness > 0 without async.partial_rollout" in err
+        assert "is not implemented yet" in err
+    with pytest.raises(ConfigError, match=r"async\.partial_rollout needs async\.max_staleness"):
         load_config(name, ["async.partial_rollout=true"])
+    if name in COLOCATED:
+        assert main([name, "--dry-run", *PARTIAL]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "async.partial_rollout with a cluster section is not implemented yet" in err
+
+
+@pytest.mark.parametrize("name", sorted(set(recipes()) - COLOCATED))
+def test_partial_rollouts_are_taken_with_local_engines_and_written_back(name):
+    config = load_config(name, PARTIAL)
+    written = json.loads(config.model_dump_json())
+    assert written["async"] == {"max_staleness": 2, "partial_rollout": True}
+    assert TrainerConfig.model_validate(written) == config
+    with pytest.raises(ConfigError, match=r"with remote rollout services is not implemented yet"):
+        load_config(name, [*PARTIAL, "remote.workers=[127.0.0.1:1]"])
 
 
 def test_the_colocated_recipes_are_the_ones_that_colocate():

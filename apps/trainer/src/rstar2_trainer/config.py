@@ -357,19 +357,20 @@ class InitConfig(_Section):
 
 
 class AsyncConfig(_Section):
-    """Steps that do not wait for the slowest trajectory (issue #30). Only the synchronous
-    defaults run today: any other value is refused in one line, not silently ignored."""
+    """Steps that do not wait for the slowest trajectory (issue #30). Partial rollouts run with
+    local engines; anything not built (asynchronous generation during training, partial rollouts
+    on a cluster or on remote services) is refused in one line, not silently ignored."""
 
     max_staleness: int = Field(
         default=0,
         ge=0,
-        description="How many weight versions older than the trainer's a trajectory may be; "
-        "0 is synchronous (the only value implemented).",
+        description="How many weight versions older than the trainer's a trained group's oldest "
+        "token may be (older groups are dropped and counted); 0 is synchronous.",
     )
     partial_rollout: bool = Field(
         default=False,
         description="Train on the first groups that finish and continue the rest after the "
-        "sync (not implemented: false only).",
+        "sync (needs max_staleness >= 1; local engines only).",
     )
 
 
@@ -438,7 +439,7 @@ class TrainerConfig(_Section):
     async_: AsyncConfig = Field(
         default_factory=AsyncConfig,
         alias="async",
-        description="Asynchronous steps (max_staleness, partial_rollout); synchronous only.",
+        description="Asynchronous steps (max_staleness, partial_rollout); synchronous by default.",
     )
 
     @model_validator(mode="after")
@@ -482,7 +483,7 @@ class TrainerConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _async_is_synchronous_for_now(self) -> TrainerConfig:
+    def _async_is_what_is_built(self) -> TrainerConfig:
         steps = self.async_
         colocated = self.cluster is not None and self.cluster.colocate
         if steps.max_staleness > 0 and colocated and not steps.partial_rollout:
@@ -490,13 +491,27 @@ class TrainerConfig(_Section):
                 "async.max_staleness > 0 with cluster.colocate needs async.partial_rollout: true "
                 "(colocated engines and ranks share the GPUs: only partial rollouts overlap)"
             )
-        if steps.max_staleness > 0:
+        if steps.max_staleness > 0 and not steps.partial_rollout:
             raise ValueError(
-                "async.max_staleness > 0 is not implemented yet; set async.max_staleness: 0"
+                "async.max_staleness > 0 without async.partial_rollout (generation during "
+                "training) is not implemented yet; set async.partial_rollout: true"
             )
-        if steps.partial_rollout:
+        if not steps.partial_rollout:
+            return self
+        if steps.max_staleness == 0:
             raise ValueError(
-                "async.partial_rollout is not implemented yet; set async.partial_rollout: false"
+                "async.partial_rollout needs async.max_staleness >= 1 (a group carried over a "
+                "weight sync is one version behind); set async.max_staleness: 1"
+            )
+        if self.cluster is not None:
+            raise ValueError(
+                "async.partial_rollout with a cluster section is not implemented yet (local "
+                "engines only); set async.partial_rollout: false"
+            )
+        if self.remote is not None:
+            raise ValueError(
+                "async.partial_rollout with remote rollout services is not implemented yet "
+                "(their weight update waits for open streams); set async.partial_rollout: false"
             )
         return self
 

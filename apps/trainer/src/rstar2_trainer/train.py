@@ -20,7 +20,16 @@ first). Trajectories come from `parts.source` (local engines or remote rollout s
 Weights versions: `Run.weights_version` counts the pushes (`sync`) of this process, and each
 engine counts the updates it loaded since it started, so the two agree; every step logs the
 rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a trajectory's
-oldest token version; 0 in this synchronous loop) and `staleness_unknown` (no version known).
+oldest token version; 0 in a synchronous run) and `staleness_unknown` (no version known).
+
+Partial rollouts (`async.partial_rollout`, local engines): a step submits its batch to the run's
+`RolloutPool` and trains on the first `curriculum.batch_size` groups to finish, whichever step
+submitted them; the rest keep running into the next step (their later turns on the new weights),
+and groups more than `async.max_staleness` versions old are dropped. Every step logs
+`groups_trained`, `groups_carried`, `groups_dropped_stale` and `groups_drained`. A stage switch
+(its evaluation and hard-subset pass) and a checkpoint drain the pool first (cancel what runs,
+discard what waits), so a checkpoint never holds rollouts in flight and `--resume` restarts
+exactly where the uninterrupted run stood; carrying needs `run.checkpoint_every` > 1.
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
@@ -47,7 +56,7 @@ import torch
 
 from rstar2_algos import build_algorithm
 from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
-from rstar2_rollout import collect, derive_seed, staleness_stats
+from rstar2_rollout import RolloutPool, Trajectory, collect, derive_seed, staleness_stats
 from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
@@ -97,6 +106,7 @@ class Run:
     step: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
     weights_version: int = 0  # pushes to the engines in this process (each bumps every engine)
+    pool: RolloutPool | None = None  # partial rollouts: groups in flight across steps
 
     @property
     def checkpoints(self) -> Path:
@@ -148,14 +158,23 @@ async def _train(
             config, parts.model, parts.model_dir, precision, pad_id=pad_id, group=parts.train_group
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
-            if ckpt is None:
-                await start(run, traces)
-            else:
-                await restore(run, ckpt)
-            while not curriculum.plan.finished:
-                run.step += 1
-                stage, metrics = await rl_step(run)
-                await end_step(run, stage, metrics)
+            if config.async_.partial_rollout:
+                steps = config.async_
+                run.pool = RolloutPool(
+                    parts.source, parts.scorer, max_staleness=steps.max_staleness
+                )
+            try:
+                if ckpt is None:
+                    await start(run, traces)
+                else:
+                    await restore(run, ckpt)
+                while not curriculum.plan.finished:
+                    run.step += 1
+                    stage, metrics = await rl_step(run)
+                    await end_step(run, stage, metrics)
+            finally:
+                if run.pool is not None:
+                    await run.pool.close()
             policy_dir = await policy.export(
                 run_dir / "policy",
                 parts.tokenizer,
@@ -273,17 +292,7 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         max_turns=stage.max_turns,
     )
     n = algo.rollouts_per_prompt
-    with report.progress(f"step {step} rollouts", len(batch.problems) * n) as advance:
-        collected = await collect(
-            parts.source,
-            parts.scorer,
-            batch.problems,
-            n,
-            rollout,
-            meters=parts.engines,
-            on_done=advance,
-        )
-    trajectories = collected.trajectories
+    trajectories, rolled = await roll_out(run, batch.problems, n, rollout)
     by_group: dict[str, list[bool]] = {}
     for t in trajectories:
         by_group.setdefault(t.group_id, []).append(is_correct(t.reward))
@@ -305,14 +314,9 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         "kept_tool_error_ratio_pos": tool_error_ratio(
             [t for t in selection.trajectories if is_correct(t.reward)]
         ),
-        "failed_jobs": len(collected.failed_jobs),
-        "time_rollout_s": collected.rollout_s,
-        "time_grade_tail_s": collected.grade_tail_s,
-        "time_tool_s": collected.tool_s,
-        "time_generate_s": collected.generate_s,
-        "engine_idle_s": collected.engine_idle_s,
-        "engine_idle_share": collected.engine_idle_s
-        / max(1e-9, collected.rollout_s * max(1, len(parts.engines))),
+        **rolled,
+        "engine_idle_share": rolled["engine_idle_s"]
+        / max(1e-9, rolled["time_rollout_s"] * max(1, len(parts.engines))),
         **staleness_stats(trajectories, run.weights_version),
     }
     metrics["engines_dropped"] = len(parts.engines.dropped)
@@ -334,8 +338,68 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
     return stage, metrics
 
 
+async def roll_out(
+    run: Run, problems: list, n: int, rollout: Any
+) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The step's graded trajectories and the rollout's metrics: `n` of every problem
+    (`collect`), or with partial rollouts the first `len(problems)` groups to finish in the pool.
+
+    The pool holds two steps' batches: this step's problems are submitted, and after a drain (an
+    empty pool) the curriculum's next batch too, sampled with a seed of its own; so each step
+    trains on `len(problems)` of about twice as many groups running."""
+    parts = run.parts
+    with report.progress(f"step {run.step} rollouts", len(problems) * n) as advance:
+        if run.pool is None:
+            got = await collect(
+                parts.source,
+                parts.scorer,
+                problems,
+                n,
+                rollout,
+                meters=parts.engines,
+                on_done=advance,
+            )
+            return got.trajectories, {
+                "failed_jobs": len(got.failed_jobs),
+                "time_rollout_s": got.rollout_s,
+                "time_grade_tail_s": got.grade_tail_s,
+                "time_tool_s": got.tool_s,
+                "time_generate_s": got.generate_s,
+                "engine_idle_s": got.engine_idle_s,
+            }
+
+        def on_group(_problem: Any) -> None:
+            for _ in range(n):
+                advance()
+
+        ahead: list = []
+        if run.pool.in_flight + run.pool.waiting == 0:
+            ahead = run.curriculum.next_batch().problems
+        run.pool.submit(problems, n, rollout)
+        seed = derive_seed(run.config.run.seed, "rl", run.step, "ahead")
+        run.pool.submit(ahead, n, rollout.model_copy(update={"seed": seed}))
+        part = await run.pool.next_batch(
+            len(problems), run.weights_version, meters=parts.engines, on_group=on_group
+        )
+    return part.trajectories, {
+        "batch_ahead": [p.id for p in ahead],
+        "groups": [p.id for p in part.problems],
+        "groups_trained": len(part.problems),
+        "groups_carried": part.carried,
+        "groups_dropped_stale": part.stale_dropped,
+        "groups_failed": part.failed_groups,
+        "failed_jobs": len(part.failed_jobs),
+        "time_rollout_s": part.wait_s,
+        "time_grade_tail_s": 0.0,  # a group is returned once graded
+        "time_tool_s": part.tool_s,
+        "time_generate_s": part.generate_s,
+        "engine_idle_s": part.engine_idle_s,
+    }
+
+
 async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
-    """Curriculum (difficulty, stage switch), log, evaluation after a stage, checkpoint."""
+    """Curriculum (difficulty, stage switch), drain the pool before a stage switch or a
+    checkpoint, log, evaluation after a stage, checkpoint."""
     switch = run.curriculum.end_step(
         StepMetrics(
             all_correct_share=metrics.get("all_correct_share"),
@@ -344,6 +408,10 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
             reward_mean=metrics.get("reward"),
         )
     )
+    checkpoint = run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished
+    if run.pool is not None:
+        drain = switch is not None or checkpoint
+        metrics["groups_drained"] = await run.pool.drain() if drain else 0
     run.log.log("rl", run.step, metrics)
     report.step_line(run.step, stage.name, metrics)
     if switch is not None:
@@ -363,7 +431,7 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
                 run.parts, run.curriculum, run.config, run.run_dir, run.step, entered
             )
             run.log.log("hard_pass", run.step, record)
-    if run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished:
+    if checkpoint:
         await save(run)
 
 

@@ -45,6 +45,7 @@ from rstar2_rollout.engine import (
 )
 from rstar2_rollout.engines import build_engine
 from rstar2_rollout.loop import ProblemLike, RolloutTask, derive_seed, format_tool_result, run_agent
+from rstar2_rollout.pool import PoolBatch, RolloutPool
 from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
@@ -91,6 +92,7 @@ __all__ = [
     "LeastTokensPolicy",
     "OpenAIEngineConfig",
     "ParsedTurn",
+    "PoolBatch",
     "PowerOfTwoPolicy",
     "ProblemLike",
     "ProgressEngine",
@@ -99,6 +101,7 @@ __all__ = [
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
+    "RolloutPool",
     "RolloutResult",
     "RolloutSampling",
     "RolloutService",

@@ -1,0 +1,81 @@
+"""Partial rollouts in the trainer's main loop (`async.partial_rollout`), on the same in-process
+parts as test_rl_step.py: the transformers engine and the tiny model, the real sandbox, grader,
+update and checkpoints. A step trains on the first group to finish of two running; the other is
+carried into the next step and trained one version stale; a checkpoint drains the pool, so a run
+resumed from it draws and trains what the uninterrupted run did from there."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from rstar2_trainer.cli import main
+from rstar2_trainer.rundir import read_metrics
+
+FAST = [
+    "model.layers=1",
+    "model.hidden_size=64",
+    "model.vocab_size=512",
+    "engine={kind: hf}",
+    "scheduler.policy={kind: least_requests}",  # the transformers engine reports no KV size
+    "tool.kind=local",
+    "verify_service.mode=local",
+    "sft.enabled=false",
+    "eval.problems=2",
+    "eval.max_response_tokens=24",
+    "curriculum.batch_size=1",
+    "curriculum.source.n=8",
+    "curriculum.tiny.steps=[3,1,1]",
+    "curriculum.tiny.max_response_tokens=[24,24,24]",
+    "algo.group_size=2",
+    "algo.filtering=none",  # keep equal-reward groups: an untrained model scores 0 everywhere
+    "run.trackers=[jsonl]",
+    "run.plots=false",
+    "run.checkpoint_every=2",
+    "run.keep_checkpoints=5",
+    "async.partial_rollout=true",
+    "async.max_staleness=1",
+]
+
+
+def _steps(run_dir) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if r["phase"] == "rl"]
+
+
+@pytest.mark.slow  # two short runs of five RL steps on the transformers engine: ~2.5 min
+def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["tiny", f"run.output_dir={run_dir}", *FAST]) == 0
+    steps = _steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    for r in steps:
+        assert r["groups_trained"] == 1 and r["trajectories"] == 1 * 4  # one whole group of 2G
+        assert r["groups_dropped_stale"] == 0 and r["staleness_max"] <= 1
+    first, second = steps[0], steps[1]
+    # step 1 ran its batch and the next one, trained one group, carried the other
+    assert len(first["batch_ahead"]) == 1 and first["groups_carried"] == 1
+    assert first["groups_drained"] == 0  # no checkpoint, no stage switch after step 1
+    # step 2 trained the group step 1 left running: sampled on the weights before step 1's sync
+    assert second["batch_ahead"] == []
+    assert second["groups"][0] in first["batch"] + first["batch_ahead"]
+    assert second["staleness_max"] == 1
+    # step 2's checkpoint drained the pool (step 2's own group was still there)
+    assert second["groups_drained"] == 1
+    assert len(steps[2]["batch_ahead"]) == 1  # an empty pool: two batches again
+
+    # resume from step 2's checkpoint: the same batches as the uninterrupted run from there
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed)
+    checkpoints = resumed / "checkpoints"
+    for late in ("step_000004", "step_000005"):
+        shutil.rmtree(checkpoints / late)
+    (checkpoints / "latest").write_text("step_000002")
+    shutil.rmtree(resumed / "policy")
+    assert main(["--resume", str(resumed)]) == 0
+    again = _steps(resumed)
+    assert [r["step"] for r in again] == [1, 2, 3, 4, 5]
+    assert again[:2] == steps[:2]  # kept as logged
+    assert again[2]["batch"] == steps[2]["batch"]
+    assert again[2]["batch_ahead"] == steps[2]["batch_ahead"]
+    assert again[2]["groups_trained"] == 1
