@@ -100,12 +100,10 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
     import gc
 
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from rstar2_algos.config import GrpoRocConfig
     from rstar2_trainer.training.distributed import (
         DistributedConfig,
-        Row,
         init_distributed,
         shard_model,
         train_step,
@@ -134,34 +132,10 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
 
     before = used()
     with world.device:  # on a GPU the random model is built there, as fast as it gets
-        model = Qwen3ForCausalLM(
-            Qwen3Config(
-                vocab_size=shape.vocab,
-                hidden_size=shape.hidden,
-                intermediate_size=shape.intermediate,
-                num_hidden_layers=shape.layers,
-                num_attention_heads=shape.heads,
-                num_key_value_heads=shape.kv_heads,
-                head_dim=shape.head_dim,
-                tie_word_embeddings=shape.tied,
-                max_position_embeddings=shape.prompt_tokens + max(shape.response_lengths),
-            )
-        )
+        model = _random_model(shape)
     shard_model(model, config, world)
     optimizer = make_optimizer(model, 1e-6, (0.9, 0.999), 0.01)
-    gen = torch.Generator().manual_seed(1)
-    rows = []
-    for i, n in enumerate(shape.response_lengths):
-        ids = torch.randint(0, shape.vocab, (shape.prompt_tokens + n,), generator=gen).tolist()
-        adv = 1.0 if i % 2 else -1.0
-        rows.append(
-            Row(
-                ids[: shape.prompt_tokens],
-                ids[shape.prompt_tokens :],
-                [1] * n,
-                {"advantage": [adv] * n},
-            )
-        )
+    rows = _random_rows(shape)
     loss = WorkerPolicyLoss(GrpoRocConfig())
 
     def step():
@@ -208,6 +182,47 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
     if shape.offload_cycle:
         out["offload"] = _offload_cycle(model, optimizer, world.device, used, before, step)
     return out
+
+
+def _random_model(shape: ProbeShape) -> Any:
+    """A randomly initialised Qwen3 of `shape`, built on the current default device."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=shape.vocab,
+            hidden_size=shape.hidden,
+            intermediate_size=shape.intermediate,
+            num_hidden_layers=shape.layers,
+            num_attention_heads=shape.heads,
+            num_key_value_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            tie_word_embeddings=shape.tied,
+            max_position_embeddings=shape.prompt_tokens + max(shape.response_lengths),
+        )
+    )
+
+
+def _random_rows(shape: ProbeShape) -> list[Any]:
+    """One RL row per response length: random tokens, advantages alternating -1 and +1."""
+    import torch
+
+    from rstar2_trainer.training.distributed import Row
+
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for i, n in enumerate(shape.response_lengths):
+        ids = torch.randint(0, shape.vocab, (shape.prompt_tokens + n,), generator=gen).tolist()
+        adv = 1.0 if i % 2 else -1.0
+        rows.append(
+            Row(
+                ids[: shape.prompt_tokens],
+                ids[shape.prompt_tokens :],
+                [1] * n,
+                {"advantage": [adv] * n},
+            )
+        )
+    return rows
 
 
 def _offload_cycle(
