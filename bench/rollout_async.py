@@ -15,8 +15,9 @@ default policy) over `SimEngine`s, on a virtual clock (`rstar2_rollout.research.
   batch only whole, a step trains the first `--prompts` groups to finish, unfinished
   trajectories keep their place and continue with the new weights after the push (each engine
   pauses for it between two of its steps), groups older than `--max-staleness` (1) versions are
-  dropped and counted, and new prompts are admitted (AReaL's rule: up to (version +
-  max_staleness + 1) x prompts groups) so the engines stay full.
+  dropped and counted, and a new prompt takes each finished group's place (at most
+  `--inflight` unfinished groups, default `--prompts`: a synchronous step's load) while
+  AReaL's rule allows (at most (version + max_staleness + 1) x prompts groups admitted).
 
 Trainer time per step, from bench/capacity.py's `Capacity` defaults (assumed numbers for
 Qwen3-14B on MI300X, none measured here): `update_gpu_us_per_token` 240 GPU-us per kept token,
@@ -152,6 +153,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument(
+        "--inflight", type=int, help="unfinished groups at once (default: --prompts)"
+    )
+    parser.add_argument(
         "--no-partial", action="store_true", help="a push waits for every trajectory"
     )
     parser.add_argument("--train-gpus", type=int, help="trainer GPUs (default: --engines)")
@@ -168,7 +172,9 @@ def main() -> None:
     if args.train_gpus is not None and args.train_gpus <= 0:
         parser.error("--train-gpus must be positive")
     train = train_model(args.train_gpus or args.engines)
-    run = AsyncConfig(args.steps, args.max_staleness, not args.no_partial)
+    if args.inflight is not None and args.inflight <= 0:
+        parser.error("--inflight must be positive")
+    run = AsyncConfig(args.steps, args.max_staleness, not args.no_partial, args.inflight)
     derive = EngineModel.qwen3_14b_h100 if args.gpu == "h100" else EngineModel.qwen3_14b_mi300x
 
     tasks: list[Task] = []

@@ -10,9 +10,11 @@ placement: the trainer has its own GPUs, the engines theirs). `run_sync` is toda
   trajectories in the same order. A step trains `prompts` groups (B), each whole.
 - **sync** (`run_sync`): submit one chunk, wait for its last trajectory, train, push the
   weights; the engines idle while the trainer trains and pushes.
-- **async** (`run_steps`): admission keeps `admitted < (version + max_staleness + 1) x B`
-  groups (AReaL's rule: the engines stay full, at most that far ahead); a step trains the
-  first B groups that finish (completion order), while the engines keep generating. After its
+- **async** (`run_steps`): a new group is admitted whenever fewer than `max_inflight_groups`
+  (default B: the load a synchronous step starts with) are unfinished, so the engines stay
+  full, and only while `admitted < (version + max_staleness + 1) x B` (AReaL's rule: the
+  rollout runs at most that far ahead of the trainer); a step trains the first B groups that
+  finish (completion order), while the engines keep generating. After its
   update the trainer pushes the weights: every engine pauses `weight_sync_s` between two of its
   steps (`SimEngine.pause`), then the version is bumped and every engine's prefix cache reset
   (`update_weights`); running trajectories keep their place and KV and continue with the new
@@ -88,10 +90,13 @@ class AsyncConfig:
     steps: int = 10
     max_staleness: int = 1  # versions; 0 with partial_rollout=False is the synchronous step
     partial_rollout: bool = True  # False: a push waits until no trajectory is running
+    max_inflight_groups: int | None = None  # unfinished groups at once (None: a step's worth)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.max_staleness < 0:
             raise ValueError("steps must be >= 1 and max_staleness >= 0")
+        if self.max_inflight_groups is not None and self.max_inflight_groups < 1:
+            raise ValueError("max_inflight_groups must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,7 @@ def run_steps(
     workload, script = Workload(scenario, seed), {}
     engines = _engines(scenario, script)
     b, n, bound = scenario.prompts, scenario.samples_per_prompt, run.max_staleness
+    cap = run.max_inflight_groups or b
 
     async def main() -> RunResult:
         loop = asyncio.get_running_loop()
@@ -291,10 +297,15 @@ def run_steps(
             if group.left == 0:  # the group is whole: it may enter a batch
                 del inflight[group.index]
                 ready.append(group)
+                admit()  # a new prompt takes its place
             changed.set()
 
         def admit() -> None:
-            while not state["pushing"] and state["admitted"] < (state["version"] + bound + 1) * b:
+            while (
+                not state["pushing"]
+                and len(inflight) < cap
+                and state["admitted"] < (state["version"] + bound + 1) * b
+            ):
                 g = state["admitted"]
                 group = _Group(g, state["version"], [], n)
                 inflight[g] = group
@@ -345,6 +356,7 @@ def run_steps(
                     tuple(step - g.version for g in batch),
                 )
             )
+        state["pushing"] = True  # admit nothing more
         unfinished = (len(inflight) + len(ready)) * n
         await _close(scheduler, engines)
         admitted = state["admitted"] * n
