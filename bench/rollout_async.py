@@ -15,9 +15,9 @@ default policy) over `SimEngine`s, on a virtual clock (`rstar2_rollout.research.
   batch only whole, a step trains the first `--prompts` groups to finish, unfinished
   trajectories keep their place and continue with the new weights after the push (each engine
   pauses for it between two of its steps), groups older than `--max-staleness` (1) versions are
-  dropped and counted, and a new prompt takes each finished group's place (at most
-  `--inflight` unfinished groups, default `--prompts`: a synchronous step's load) while
-  AReaL's rule allows (at most (version + max_staleness + 1) x prompts groups admitted).
+  dropped and counted, and new prompts are admitted as trajectories finish (at most
+  `--inflight` unfinished trajectories, default prompts x samples: a synchronous step's load)
+  while AReaL's rule allows (at most (version + max_staleness + 1) x prompts groups admitted).
 
 Trainer time per step, from bench/capacity.py's `Capacity` defaults (assumed numbers for
 Qwen3-14B on MI300X, none measured here): `update_gpu_us_per_token` 240 GPU-us per kept token,
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument(
-        "--inflight", type=int, help="unfinished groups at once (default: --prompts)"
+        "--inflight", type=int, help="unfinished trajectories (default: prompts x samples)"
     )
     parser.add_argument(
         "--no-partial", action="store_true", help="a push waits for every trajectory"

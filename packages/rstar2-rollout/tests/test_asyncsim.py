@@ -86,18 +86,19 @@ def test_staleness_never_exceeds_the_bound_and_drops_are_counted(bound: int) -> 
 
 def test_async_beats_sync_on_a_long_tail() -> None:
     sync = run_sync(SMALL, CONFIG, TRAIN, 4, seed=0)
-    # a step's 4 groups (8 trajectories per engine) leave these engines half empty: two
-    # steps' worth in flight keeps them full
-    run = AsyncConfig(steps=4, max_staleness=1, max_inflight_groups=8)
+    # a step's 16 trajectories (8 per engine) leave these engines half empty: two steps'
+    # worth in flight keeps them full
+    run = AsyncConfig(steps=4, max_staleness=1, max_inflight_trajectories=32)
     result = run_steps(SMALL, CONFIG, TRAIN, run, seed=0)
     assert result.trajectories_per_s > 1.4 * sync.trajectories_per_s
     assert result.idle_share < sync.idle_share / 2  # the engines keep generating while it trains
     assert max(result.staleness_counts) <= 1
 
 
-def test_no_more_groups_in_flight_than_the_cap() -> None:
-    tight = run_steps(SMALL, CONFIG, TRAIN, AsyncConfig(steps=3, max_inflight_groups=1), seed=0)
-    wide = run_steps(SMALL, CONFIG, TRAIN, AsyncConfig(steps=3, max_inflight_groups=8), seed=0)
+def test_no_more_trajectories_in_flight_than_the_cap() -> None:
+    one_group = AsyncConfig(steps=3, max_inflight_trajectories=4)
+    tight = run_steps(SMALL, CONFIG, TRAIN, one_group, seed=0)
+    wide = run_steps(SMALL, CONFIG, TRAIN, AsyncConfig(steps=3, max_inflight_trajectories=32), 0)
     assert tight.trajectories_per_s < wide.trajectories_per_s  # one group at a time starves
     # each step's batch is the next 4 groups in admission order: one in flight, none overtakes
     assert [sorted(g for g, _ in s.groups) for s in tight.steps] == [
@@ -140,5 +141,5 @@ def test_engine_pause_delays_running_requests_and_counts_as_idle() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="max_staleness"):
         AsyncConfig(max_staleness=-1)
-    with pytest.raises(ValueError, match="max_inflight_groups"):
-        AsyncConfig(max_inflight_groups=0)
+    with pytest.raises(ValueError, match="max_inflight_trajectories"):
+        AsyncConfig(max_inflight_trajectories=0)

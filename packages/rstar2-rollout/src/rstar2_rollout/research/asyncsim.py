@@ -10,9 +10,10 @@ placement: the trainer has its own GPUs, the engines theirs). `run_sync` is toda
   trajectories in the same order. A step trains `prompts` groups (B), each whole.
 - **sync** (`run_sync`): submit one chunk, wait for its last trajectory, train, push the
   weights; the engines idle while the trainer trains and pushes.
-- **async** (`run_steps`): a new group is admitted whenever fewer than `max_inflight_groups`
-  (default B: the load a synchronous step starts with) are unfinished, so the engines stay
-  full, and only while `admitted < (version + max_staleness + 1) x B` (AReaL's rule: the
+- **async** (`run_steps`): a new group is admitted whenever its 2G trajectories fit under
+  `max_inflight_trajectories` unfinished ones (default B x 2G: the load a synchronous step
+  starts with), so the engines stay full however many groups wait on a straggler, and only
+  while `admitted < (version + max_staleness + 1) x B` (AReaL's rule: the
   rollout runs at most that far ahead of the trainer); a step trains the first B groups that
   finish (completion order), while the engines keep generating. After its
   update the trainer pushes the weights: every engine pauses `weight_sync_s` between two of its
@@ -90,13 +91,14 @@ class AsyncConfig:
     steps: int = 10
     max_staleness: int = 1  # versions; 0 with partial_rollout=False is the synchronous step
     partial_rollout: bool = True  # False: a push waits until no trajectory is running
-    max_inflight_groups: int | None = None  # unfinished groups at once (None: a step's worth)
+    # unfinished trajectories at once (None: a step's, B x 2G); a group is admitted whole
+    max_inflight_trajectories: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.max_staleness < 0:
             raise ValueError("steps must be >= 1 and max_staleness >= 0")
-        if self.max_inflight_groups is not None and self.max_inflight_groups < 1:
-            raise ValueError("max_inflight_groups must be >= 1")
+        if self.max_inflight_trajectories is not None and self.max_inflight_trajectories < 1:
+            raise ValueError("max_inflight_trajectories must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,7 @@ def run_steps(
     workload, script = Workload(scenario, seed), {}
     engines = _engines(scenario, script)
     b, n, bound = scenario.prompts, scenario.samples_per_prompt, run.max_staleness
-    cap = run.max_inflight_groups or b
+    cap = run.max_inflight_trajectories or b * n
 
     async def main() -> RunResult:
         loop = asyncio.get_running_loop()
@@ -283,7 +285,7 @@ def run_steps(
         inflight: dict[int, _Group] = {}
         ready: deque[_Group] = deque()
         changed = asyncio.Event()
-        state = {"version": 0, "admitted": 0, "dropped": 0, "pushing": False}
+        state = {"version": 0, "admitted": 0, "dropped": 0, "running": 0, "pushing": False}
         failures: list[str] = []
 
         def on_done(group: _Group, future: asyncio.Future[JobResult[int]]) -> None:
@@ -293,6 +295,7 @@ def run_steps(
             if not result.ok:
                 failures.append(result.error or "failed")
             group.left -= 1
+            state["running"] -= 1
             group.tokens += result.value or 0
             if group.left == 0:  # the group is whole: it may enter a batch
                 del inflight[group.index]
@@ -303,12 +306,13 @@ def run_steps(
         def admit() -> None:
             while (
                 not state["pushing"]
-                and len(inflight) < cap
+                and state["running"] + n <= max(cap, n)
                 and state["admitted"] < (state["version"] + bound + 1) * b
             ):
                 g = state["admitted"]
                 group = _Group(g, state["version"], [], n)
                 inflight[g] = group
+                state["running"] += n
                 for spec in workload.group(g):
                     future = scheduler.submit(_job(spec, scenario, script))
                     future.add_done_callback(lambda f, grp=group: on_done(grp, f))
@@ -337,7 +341,8 @@ def run_steps(
             for group in [*inflight.values(), *ready]:
                 if state["version"] - group.version > bound:  # can never be trained now
                     state["dropped"] += n
-                    inflight.pop(group.index, None)
+                    if inflight.pop(group.index, None) is not None:
+                        state["running"] -= group.left
                     for f in group.futures:
                         f.cancel()
             ready_kept = [g for g in ready if state["version"] - g.version <= bound]
