@@ -11,7 +11,10 @@ simulator nor these policies. `scheduler.make_admission` imports `policies` when
 - `peers`: the other frameworks' dispatch (static, power_of_two, cache_aware, least_tokens);
 - `simengine`, `simulate`: a model of vLLM V1's scheduler on a virtual clock, and one simulated
   RL step of agentic rollouts through the real `Scheduler` (used by bench/rollout_sched.py and
-  bench/calibrate_engine.py).
+  bench/calibrate_engine.py);
+- `asyncsim`: several RL steps on that simulator with a trainer beside the engines: today's
+  synchronous steps against bounded-staleness asynchronous ones with partial rollouts (used by
+  bench/rollout_async.py).
 
 Why they lost, with the numbers: SCHEDULER.md "Results".
 """

@@ -18,6 +18,9 @@ vLLM V1's scheduler (`vllm/v1/core/sched/scheduler.py`):
 - A step costs `scheduler_step_s + base_step_s + per_request_step_s x running +
   per_kv_token_step_s x KV in use + prefill tokens / prefill_tokens_per_s` (decode reads the
   weights once and every cached token once; prefill is compute-bound).
+- `pause(seconds)` stops stepping for that long from the end of the step in flight (a weight
+  load between engine steps, asynchronous training's in-flight update): requests keep their
+  KV and continue afterwards; the pause counts as idle, not busy.
 
 Steps where nothing joins, finishes or runs out of blocks are identical, so they are taken
 together (at most `max_chunk_steps` at a time); everything else runs one step at a time. The
@@ -231,6 +234,8 @@ class SimEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure = ""
+        self._step_end = 0.0  # when the step in flight ends (virtual clock)
+        self._paused_until = 0.0
 
     @property
     def _free(self) -> int:
@@ -307,6 +312,12 @@ class SimEngine:
         self._phase = [0] * self.model.block_tokens
         if self._task is not None:
             self._task.cancel()
+
+    def pause(self, seconds: float) -> None:
+        """Take no step for `seconds` from the end of the step in flight (or from now when
+        idle): a weight load between engine steps. Running requests keep their place and KV."""
+        start = max(asyncio.get_running_loop().time(), self._step_end)
+        self._paused_until = max(self._paused_until, start + seconds)
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         self._cache.clear()
@@ -394,7 +405,11 @@ class SimEngine:
     async def _serve(self) -> None:
         m, stats, bt = self.model, self.stats, self.model.block_tokens
         assert self._wake is not None
+        loop = asyncio.get_running_loop()
         while True:
+            if self._paused_until > loop.time():
+                await asyncio.sleep(self._paused_until - loop.time())
+                continue
             while self._gone:
                 r = self._gone.pop()
                 if r.key in self._running:
@@ -430,6 +445,7 @@ class SimEngine:
             dt = prefill / m.prefill_tokens_per_s
             dt += k * (m.scheduler_step_s + m.base_step_s)
             dt += m.per_request_step_s * steps + m.per_kv_token_step_s * grown
+            self._step_end = loop.time() + dt
             await asyncio.sleep(dt)
             stats.busy_s += dt
             stats.decoded_tokens += steps
