@@ -6,14 +6,16 @@ One run of the trainer's parts (`open_cluster_parts`, `open_policy`), two RL upd
 - after the first sync every tensor of both engines equals the ranks' weights in bf16, the sync
   moved the bf16 model once (`sync_bytes`), and the greedy output changed;
 - one engine actor is killed (`ray.kill`) before the second sync: the sync ends well within the
-  channel's timeout, the dead engine is dropped (the loop's `engines_dropped` is the length of
-  `Engines.dropped`), and the survivor holds the new weights.
+  channel's timeout (`cluster.sync_timeout_s`, which reaches `Engines`), the dead engine is
+  dropped (the loop's `engines_dropped` is the length of `Engines.dropped`), and the survivor
+  holds the new weights.
+
+Ray, the small model and engines, and the weight comparison are conftest's `tiny_on_ray`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -22,16 +24,11 @@ import torch
 
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.config import TrainerConfig, load_config
+from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.worker_policy import WorkerPolicy
-
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-# A loaded 2-core machine starts Ray's metrics agent slowly; the raylet would give up on it.
-os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
-pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
 
 pytestmark = [
     pytest.mark.slow,
@@ -41,54 +38,13 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-CLUSTER = {
-    "num_cpus": 4,
-    "services_host": "127.0.0.1",
+TIMEOUT_S = 120.0  # cluster.sync_timeout_s in this test (the default is 300 s)
+SPLIT = {  # on conftest's RAY_NODE
     "colocate": False,
     "train_workers": 2,
     "engines_per_node": 2,
-    "gpus_per_train_worker": 0,
-    "gpus_per_engine": 0,
-    "cpus_per_train_worker": 1,
-    "sandbox_workers": 1,
-    "sandbox_max_in_flight": 2,
-    "verify_workers": 1,
+    "sync_timeout_s": TIMEOUT_S,
 }
-SMALL = [  # the model and engines of test_colocate.py: bf16 engines keep bf16 tensors as loaded
-    "model.layers=2",
-    "model.vocab_size=1024",
-    "engine.kv_cache_memory_bytes=4194304",
-    "engine.max_model_len=2048",
-    "sft.enabled=false",
-    "train.dtype=bfloat16",
-    "engine.dtype=bfloat16",
-]
-FUSED = {
-    "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-    "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
-}
-TIMEOUT_S = 120.0  # the channel's timeout in this test (the default is 300 s)
-
-
-def split_config() -> TrainerConfig:
-    tiny = load_config("tiny", SMALL).model_dump(mode="json")
-    return TrainerConfig.model_validate({**tiny, "cluster": CLUSTER})
-
-
-def compare(engine: dict[str, torch.Tensor], ranks: dict[str, torch.Tensor]) -> list[str]:
-    """The engine tensors that equal the ranks' in bf16 (vLLM's fused projections are their
-    parts concatenated); fails on a mismatch."""
-    compared = []
-    for name, got in engine.items():
-        want = ranks.get(name)
-        for suffix, parts in FUSED.items():
-            if want is None and name.endswith(suffix):
-                want = torch.cat([ranks[name[: -len(suffix)] + p] for p in parts])
-        if want is None or want.shape != got.shape:
-            continue
-        assert torch.equal(got, want.to(got.dtype)), name
-        compared.append(name)
-    return compared
 
 
 async def _update(policy: Any, engines: Any, step: int) -> None:
@@ -111,6 +67,7 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with open_cluster_parts(config, run_dir) as parts:
         assert parts.train_group is None and len(parts.engines) == 2
+        assert parts.engines.sync_timeout_s == TIMEOUT_S  # the setting reaches the channel
         actors = [e.inner.actor for e in parts.engines]
         precision = Precision.from_settings("cpu", "float32")
         async with open_policy(config, parts.model, parts.model_dir, precision, pad_id=0) as policy:
@@ -128,9 +85,7 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
             await _update(policy, parts.engines, 1)
             ray.kill(actors[1])
             start = time.perf_counter()
-            out["killed_sync"] = await parts.engines.push_channel(
-                group, bucket_bytes=1 << 20, timeout_s=TIMEOUT_S
-            )
+            out["killed_sync"] = await parts.engines.push_channel(group, bucket_bytes=1 << 20)
             out["killed_sync_s"] = time.perf_counter() - start
             out["dropped"] = list(parts.engines.dropped)
             out["names"] = [e.name for e in parts.engines]
@@ -141,24 +96,15 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import ray
-
-    from rstar2_trainer.placement.cluster import connect
-
-    config = split_config()
-    assert config.cluster is not None
-    connect(config.cluster)
-    try:
-        return asyncio.run(scenario(config, tmp_path_factory.mktemp("split")))
-    finally:
-        ray.shutdown()
+def record(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    config = tiny_on_ray.config(SPLIT)
+    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split"))
 
 
-def test_a_split_sync_puts_the_ranks_bf16_weights_in_every_engine(record):
+def test_a_split_sync_puts_the_ranks_bf16_weights_in_every_engine(record, tiny_on_ray):
     bf16 = sum(t.numel() * 2 for t in record["ranks"].values())
     for engine in record["engines"]:
-        compared = compare(engine, record["ranks"])
+        compared = tiny_on_ray.compare(engine, record["ranks"])
         assert sorted(compared) == sorted(engine)  # every engine tensor, none left out
         assert "lm_head.weight" in compared
     sync = record["sync"]
@@ -168,13 +114,14 @@ def test_a_split_sync_puts_the_ranks_bf16_weights_in_every_engine(record):
     assert record["after"] != record["before"]
 
 
-def test_an_engine_killed_before_a_sync_is_dropped_and_the_sync_goes_on(record):
+def test_an_engine_killed_before_a_sync_is_dropped_and_the_sync_goes_on(record, tiny_on_ray):
     assert record["killed_sync_s"] < TIMEOUT_S / 2  # not a wait for the channel to time out
     assert record["dropped"] == [record["names"][1]]
     bf16 = sum(t.numel() * 2 for t in record["ranks2"].values())
     assert record["killed_sync"].bytes_moved == bf16
     assert record["killed_sync"].buckets > 1  # 1 MiB buckets: the model took several
-    compared = compare(record["survivor"], record["ranks2"])
+    compared = tiny_on_ray.compare(record["survivor"], record["ranks2"])
     assert sorted(compared) == sorted(record["survivor"])
     assert not torch.equal(record["ranks2"]["lm_head.weight"], record["ranks"]["lm_head.weight"])
     assert record["metrics"]["sync_bytes"] == bf16
+
