@@ -125,3 +125,97 @@ def test_an_engine_killed_before_a_sync_is_dropped_and_the_sync_goes_on(record, 
     assert not torch.equal(record["ranks2"]["lm_head.weight"], record["ranks"]["lm_head.weight"])
     assert record["metrics"]["sync_bytes"] == bf16
 
+
+# ---------------------------------------------------------------- an engine lost mid-sync
+
+RETRY_TIMEOUT_S = 20.0  # cluster.sync_timeout_s of the retry test (the channel's waits)
+
+
+class KillingAtFirstSend:
+    """The real `TrainGroup`, passed through, except that as rank 0 starts the first send it
+    kills `victim` (`ray.kill`, the actor's process dies): the channel was opened for it, the
+    sync is under way, and it never joins. Records each channel's number of receivers and rank
+    0's report of each send."""
+
+    def __init__(self, group: Any, victim: Any) -> None:
+        self.group, self.victim = group, victim
+        self.channels: list[int] = []
+        self.sends: list[dict[str, Any]] = []
+
+    async def open_channel(self, receivers: int, timeout_s: float) -> dict[str, str]:
+        self.channels.append(receivers)
+        return await self.group.open_channel(receivers, timeout_s)
+
+    async def send_weights(self, dtype: str, bucket_bytes: int) -> dict[str, Any]:
+        import ray
+
+        if len(self.channels) == 1:
+            ray.kill(self.victim)
+        self.sends.append(await self.group.send_weights(dtype, bucket_bytes))
+        return self.sends[-1]
+
+
+def _engine_state(actor: Any) -> Any:
+    """The transformers engine's weights, read inside its actor (a check that a sync landed)."""
+    return actor.__ray_call__.remote(
+        lambda self: {n: t.clone() for n, t in self._engine.model.state_dict().items()}
+    )
+
+
+async def mid_sync(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
+    from rstar2_rollout.tiny import build_tiny_model
+    from rstar2_trainer.placement.cluster import start_engines
+    from rstar2_trainer.placement.engines import Engines
+    from rstar2_trainer.training.distributed import DistributedConfig, Row
+    from rstar2_trainer.training.train_workers import TrainGroup, sft_loss
+
+    assert config.cluster is not None
+    model_dir = build_tiny_model(run_dir / "model", seed=0, vocab_size=1024, layers=2)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in (5, 17, 9):
+        ids = torch.randint(3, 1000, (n + 3,), generator=gen).tolist()
+        rows.append(Row(prompt_ids=ids[:3], response_ids=ids[3:], loss_mask=[1] * n))
+    group = await TrainGroup.start(
+        1, model_dir, DistributedConfig(device="cpu", micro_batch_tokens=48), lr=3e-3
+    )
+    out: dict[str, Any] = {}
+    try:
+        await group.step(rows, sft_loss, lr=3e-3, pad_id=0, micro_batch_tokens=48)
+        out["ranks"] = dict(await group.full_state())
+        started = await start_engines(config, config.cluster, model_dir)
+        engines = Engines(started, sleep_level=0, sync_timeout_s=config.cluster.sync_timeout_s)
+        try:
+            survivor, victim = (e.actor for e in started)
+            out["before"] = await _engine_state(survivor)
+            ranks = KillingAtFirstSend(group, victim)
+            out["report"] = await engines.push_channel(ranks, bucket_bytes=64 << 10)
+            out["channels"], out["sends"] = ranks.channels, ranks.sends
+            out["dropped"] = list(engines.dropped)
+            out["names"] = [e.name for e in started]
+            out["survivor"] = await _engine_state(survivor)
+        finally:
+            for engine in started:
+                await engine.close()
+    finally:
+        await group.close()
+    return out
+
+
+def test_an_engine_lost_mid_sync_is_dropped_and_the_survivor_is_synced_again(tiny_on_ray, tmp_path):
+    """Engines.push_channel's retry on real parts: one gloo rank, two transformers engine actors
+    (bf16), a real kill after the channel was opened for both engines."""
+    cluster = {"engines_per_node": 2, "sync_timeout_s": RETRY_TIMEOUT_S}
+    config = tiny_on_ray.config(cluster, engine=["engine.kind=hf", "engine.dtype=bfloat16"])
+    out = tiny_on_ray.run(config, mid_sync, tmp_path)
+
+    assert out["channels"] == [2, 1]  # opened for both, then again for the survivor only
+    assert out["dropped"] == [out["names"][1]]
+    first, second = out["sends"]
+    assert "error" in first and "error" not in second, out["sends"]  # failed, then went through
+    bf16 = sum(t.numel() * 2 for t in out["ranks"].values())
+    assert out["report"].bytes_moved == bf16 and out["report"].buckets > 1
+    compared = tiny_on_ray.compare(out["survivor"], out["ranks"])
+    assert sorted(compared) == sorted(out["survivor"])  # every weight, equal to the ranks' bf16
+    lm_head = "lm_head.weight"
+    assert not torch.equal(out["before"][lm_head], out["survivor"][lm_head])  # the step's

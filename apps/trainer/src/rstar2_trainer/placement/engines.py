@@ -27,8 +27,11 @@ engine lost during the sync is dropped and the sync is made again, once, for the
 fresh group: the failed one left them with a partial update). `bytes_moved` is the model once
 in the engines' dtype; `extra["time_sync_connect_s"]` is the group's build time.
 
-Tested on real Ray actors (tests/test_split_sync.py): an engine killed before a sync. A death in
-the middle of a sync (the retry) is not tested: it cannot be timed without a hook in the engine.
+Tested on real Ray actors (tests/test_split_sync.py): an engine killed before a sync (dropped
+at the check); and the retry: an engine killed after the channel was opened for it, as rank 0
+starts sending, so the first attempt fails (rank 0's send reports it, well within
+`sync_timeout_s`), the engine is dropped and the survivor is synced again over a fresh channel. A death between two buckets takes the same path (a lost engine in
+the attempt's results) but is not timed by a test: that would need a hook in the engine.
 
 Not covered: replacing a dropped engine (the run continues with fewer), engines on remote
 rollout workers (`placement.remote` pushes through its own stream).
