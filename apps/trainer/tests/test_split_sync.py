@@ -6,14 +6,16 @@ One run of the trainer's parts (`open_cluster_parts`, `open_policy`), two RL upd
 - after the first sync every tensor of both engines equals the ranks' weights in bf16, the sync
   moved the bf16 model once (`sync_bytes`), and the greedy output changed;
 - one engine actor is killed (`ray.kill`) before the second sync: the sync ends well within the
-  channel's timeout, the dead engine is dropped (the loop's `engines_dropped` is the length of
-  `Engines.dropped`), and the survivor holds the new weights.
+  channel's timeout (`cluster.sync_timeout_s`, which reaches `Engines`), the dead engine is
+  dropped (the loop's `engines_dropped` is the length of `Engines.dropped`), and the survivor
+  holds the new weights.
+
+Ray, the small model and engines, and the weight comparison are conftest's `tiny_on_ray`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
@@ -22,16 +24,11 @@ import torch
 
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.trajectory import Trajectory
-from rstar2_trainer.config import TrainerConfig, load_config
+from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.worker_policy import WorkerPolicy
-
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-# A loaded 2-core machine starts Ray's metrics agent slowly; the raylet would give up on it.
-os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
-pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
 
 pytestmark = [
     pytest.mark.slow,
@@ -41,54 +38,13 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-CLUSTER = {
-    "num_cpus": 4,
-    "services_host": "127.0.0.1",
+TIMEOUT_S = 120.0  # cluster.sync_timeout_s in this test (the default is 300 s)
+SPLIT = {  # on conftest's RAY_NODE
     "colocate": False,
     "train_workers": 2,
     "engines_per_node": 2,
-    "gpus_per_train_worker": 0,
-    "gpus_per_engine": 0,
-    "cpus_per_train_worker": 1,
-    "sandbox_workers": 1,
-    "sandbox_max_in_flight": 2,
-    "verify_workers": 1,
+    "sync_timeout_s": TIMEOUT_S,
 }
-SMALL = [  # the model and engines of test_colocate.py: bf16 engines keep bf16 tensors as loaded
-    "model.layers=2",
-    "model.vocab_size=1024",
-    "engine.kv_cache_memory_bytes=4194304",
-    "engine.max_model_len=2048",
-    "sft.enabled=false",
-    "train.dtype=bfloat16",
-    "engine.dtype=bfloat16",
-]
-FUSED = {
-    "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-    "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
-}
-TIMEOUT_S = 120.0  # the channel's timeout in this test (the default is 300 s)
-
-
-def split_config() -> TrainerConfig:
-    tiny = load_config("tiny", SMALL).model_dump(mode="json")
-    return TrainerConfig.model_validate({**tiny, "cluster": CLUSTER})
-
-
-def compare(engine: dict[str, torch.Tensor], ranks: dict[str, torch.Tensor]) -> list[str]:
-    """The engine tensors that equal the ranks' in bf16 (vLLM's fused projections are their
-    parts concatenated); fails on a mismatch."""
-    compared = []
-    for name, got in engine.items():
-        want = ranks.get(name)
-        for suffix, parts in FUSED.items():
-            if want is None and name.endswith(suffix):
-                want = torch.cat([ranks[name[: -len(suffix)] + p] for p in parts])
-        if want is None or want.shape != got.shape:
-            continue
-        assert torch.equal(got, want.to(got.dtype)), name
-        compared.append(name)
-    return compared
 
 
 async def _update(policy: Any, engines: Any, step: int) -> None:
@@ -111,6 +67,7 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with open_cluster_parts(config, run_dir) as parts:
         assert parts.train_group is None and len(parts.engines) == 2
+        assert parts.engines.sync_timeout_s == TIMEOUT_S  # the setting reaches the channel
         actors = [e.inner.actor for e in parts.engines]
         precision = Precision.from_settings("cpu", "float32")
         async with open_policy(config, parts.model, parts.model_dir, precision, pad_id=0) as policy:
@@ -128,9 +85,7 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
             await _update(policy, parts.engines, 1)
             ray.kill(actors[1])
             start = time.perf_counter()
-            out["killed_sync"] = await parts.engines.push_channel(
-                group, bucket_bytes=1 << 20, timeout_s=TIMEOUT_S
-            )
+            out["killed_sync"] = await parts.engines.push_channel(group, bucket_bytes=1 << 20)
             out["killed_sync_s"] = time.perf_counter() - start
             out["dropped"] = list(parts.engines.dropped)
             out["names"] = [e.name for e in parts.engines]
@@ -141,24 +96,15 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import ray
-
-    from rstar2_trainer.placement.cluster import connect
-
-    config = split_config()
-    assert config.cluster is not None
-    connect(config.cluster)
-    try:
-        return asyncio.run(scenario(config, tmp_path_factory.mktemp("split")))
-    finally:
-        ray.shutdown()
+def record(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    config = tiny_on_ray.config(SPLIT)
+    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split"))
 
 
-def test_a_split_sync_puts_the_ranks_bf16_weights_in_every_engine(record):
+def test_a_split_sync_puts_the_ranks_bf16_weights_in_every_engine(record, tiny_on_ray):
     bf16 = sum(t.numel() * 2 for t in record["ranks"].values())
     for engine in record["engines"]:
-        compared = compare(engine, record["ranks"])
+        compared = tiny_on_ray.compare(engine, record["ranks"])
         assert sorted(compared) == sorted(engine)  # every engine tensor, none left out
         assert "lm_head.weight" in compared
     sync = record["sync"]
@@ -168,13 +114,108 @@ def test_a_split_sync_puts_the_ranks_bf16_weights_in_every_engine(record):
     assert record["after"] != record["before"]
 
 
-def test_an_engine_killed_before_a_sync_is_dropped_and_the_sync_goes_on(record):
+def test_an_engine_killed_before_a_sync_is_dropped_and_the_sync_goes_on(record, tiny_on_ray):
     assert record["killed_sync_s"] < TIMEOUT_S / 2  # not a wait for the channel to time out
     assert record["dropped"] == [record["names"][1]]
     bf16 = sum(t.numel() * 2 for t in record["ranks2"].values())
     assert record["killed_sync"].bytes_moved == bf16
     assert record["killed_sync"].buckets > 1  # 1 MiB buckets: the model took several
-    compared = compare(record["survivor"], record["ranks2"])
+    compared = tiny_on_ray.compare(record["survivor"], record["ranks2"])
     assert sorted(compared) == sorted(record["survivor"])
     assert not torch.equal(record["ranks2"]["lm_head.weight"], record["ranks"]["lm_head.weight"])
     assert record["metrics"]["sync_bytes"] == bf16
+
+
+# ---------------------------------------------------------------- an engine lost mid-sync
+
+RETRY_TIMEOUT_S = 20.0  # cluster.sync_timeout_s of the retry test (the channel's waits)
+
+
+class KillingAtFirstSend:
+    """The real `TrainGroup`, passed through, except that as rank 0 starts the first send it
+    kills `victim` (`ray.kill`, the actor's process dies): the channel was opened for it, the
+    sync is under way, and it never joins. Records each channel's number of receivers and rank
+    0's report of each send."""
+
+    def __init__(self, group: Any, victim: Any) -> None:
+        self.group, self.victim = group, victim
+        self.channels: list[int] = []
+        self.sends: list[dict[str, Any]] = []
+
+    async def open_channel(self, receivers: int, timeout_s: float) -> dict[str, str]:
+        self.channels.append(receivers)
+        return await self.group.open_channel(receivers, timeout_s)
+
+    async def send_weights(self, dtype: str, bucket_bytes: int) -> dict[str, Any]:
+        import ray
+
+        if len(self.channels) == 1:
+            ray.kill(self.victim)
+        self.sends.append(await self.group.send_weights(dtype, bucket_bytes))
+        return self.sends[-1]
+
+
+def _engine_state(actor: Any) -> Any:
+    """The transformers engine's weights, read inside its actor (a check that a sync landed)."""
+    return actor.__ray_call__.remote(
+        lambda self: {n: t.clone() for n, t in self._engine.model.state_dict().items()}
+    )
+
+
+async def mid_sync(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
+    from rstar2_rollout.tiny import build_tiny_model
+    from rstar2_trainer.placement.cluster import start_engines
+    from rstar2_trainer.placement.engines import Engines
+    from rstar2_trainer.training.distributed import DistributedConfig, Row
+    from rstar2_trainer.training.train_workers import TrainGroup, sft_loss
+
+    assert config.cluster is not None
+    model_dir = build_tiny_model(run_dir / "model", seed=0, vocab_size=1024, layers=2)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in (5, 17, 9):
+        ids = torch.randint(3, 1000, (n + 3,), generator=gen).tolist()
+        rows.append(Row(prompt_ids=ids[:3], response_ids=ids[3:], loss_mask=[1] * n))
+    group = await TrainGroup.start(
+        1, model_dir, DistributedConfig(device="cpu", micro_batch_tokens=48), lr=3e-3
+    )
+    out: dict[str, Any] = {}
+    try:
+        await group.step(rows, sft_loss, lr=3e-3, pad_id=0, micro_batch_tokens=48)
+        out["ranks"] = dict(await group.full_state())
+        started = await start_engines(config, config.cluster, model_dir)
+        engines = Engines(started, sleep_level=0, sync_timeout_s=config.cluster.sync_timeout_s)
+        try:
+            survivor, victim = (e.actor for e in started)
+            out["before"] = await _engine_state(survivor)
+            ranks = KillingAtFirstSend(group, victim)
+            out["report"] = await engines.push_channel(ranks, bucket_bytes=64 << 10)
+            out["channels"], out["sends"] = ranks.channels, ranks.sends
+            out["dropped"] = list(engines.dropped)
+            out["names"] = [e.name for e in started]
+            out["survivor"] = await _engine_state(survivor)
+        finally:
+            for engine in started:
+                await engine.close()
+    finally:
+        await group.close()
+    return out
+
+
+def test_an_engine_lost_mid_sync_is_dropped_and_the_survivor_is_synced_again(tiny_on_ray, tmp_path):
+    """Engines.push_channel's retry on real parts: one gloo rank, two transformers engine actors
+    (bf16), a real kill after the channel was opened for both engines."""
+    cluster = {"engines_per_node": 2, "sync_timeout_s": RETRY_TIMEOUT_S}
+    config = tiny_on_ray.config(cluster, engine=["engine.kind=hf", "engine.dtype=bfloat16"])
+    out = tiny_on_ray.run(config, mid_sync, tmp_path)
+
+    assert out["channels"] == [2, 1]  # opened for both, then again for the survivor only
+    assert out["dropped"] == [out["names"][1]]
+    first, second = out["sends"]
+    assert "error" in first and "error" not in second, out["sends"]  # failed, then went through
+    bf16 = sum(t.numel() * 2 for t in out["ranks"].values())
+    assert out["report"].bytes_moved == bf16 and out["report"].buckets > 1
+    compared = tiny_on_ray.compare(out["survivor"], out["ranks"])
+    assert sorted(compared) == sorted(out["survivor"])  # every weight, equal to the ranks' bf16
+    lm_head = "lm_head.weight"
+    assert not torch.equal(out["before"][lm_head], out["survivor"][lm_head])  # the step's

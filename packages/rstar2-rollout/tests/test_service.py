@@ -18,7 +18,12 @@ from rstar2_rollout.loop import RolloutTask
 from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import start_server
-from rstar2_rollout.service import RolloutResult, RolloutSampling, RolloutService
+from rstar2_rollout.service import (
+    RolloutResult,
+    RolloutSampling,
+    RolloutService,
+    WeightsUnsupported,
+)
 from rstar2_rollout.trajectory import ToolCallRecord, Trajectory
 
 FAST = EngineModel(
@@ -264,6 +269,24 @@ def test_real_engines_agent_loop_and_sandbox_behind_the_worker(
     assert len(again) == 6
     assert {e.name for e in info.engines} == {"hf-0", "hf-1"}
     assert all(e.healthy and e.running == 0 and e.capacity is None for e in info.engines)
+
+
+def test_a_service_that_cannot_take_weights_says_why_and_one_that_can_states_its_cap() -> None:
+    from rstar2_rollout.weights import TensorInfo, WeightSpec
+
+    payload = {"w": TensorInfo("F32", (2, 2))}
+    sims = [SimEngine("engine-0", FAST)]
+    no_engines = RolloutService(Scheduler(sims), produce, lambda p: 0)
+    no_spec = RolloutService(Scheduler(sims), produce, lambda p: 0, engines=sims)
+    for service, why in ((no_engines, "given no engines"), (no_spec, "knows no weight names")):
+        with pytest.raises(WeightsUnsupported, match=why):
+            service.check_weights(payload)
+        with pytest.raises(WeightsUnsupported, match=why):
+            service.max_weight_bytes()
+    spec = WeightSpec(payload)
+    able = RolloutService(Scheduler(sims), produce, lambda p: 0, engines=sims, weights=spec)
+    able.check_weights(payload)
+    assert able.max_weight_bytes() == spec.max_payload_bytes() > 16
 
 
 def test_a_weight_update_waits_for_running_generations_and_holds_new_ones() -> None:

@@ -319,8 +319,9 @@ class RolloutService:
         finally:
             await stream.aclose()
 
-    def check_weights(self, payload: dict[str, TensorInfo]) -> None:
-        """Raise InvalidWeights / WeightsUnsupported for a payload this service cannot load."""
+    def _weight_spec(self) -> WeightSpec:
+        """The names and shapes updates are checked against; WeightsUnsupported when this
+        service takes no updates (no engines, or no *.safetensors to learn them from)."""
         if not self.engines:
             raise WeightsUnsupported("this service was given no engines to update")
         if self.weights is None:
@@ -328,19 +329,16 @@ class RolloutService:
                 "this service knows no weight names and shapes (its model folder has no"
                 " *.safetensors), so it cannot check an update"
             )
-        self.weights.check(payload)
+        return self.weights
+
+    def check_weights(self, payload: dict[str, TensorInfo]) -> None:
+        """Raise InvalidWeights / WeightsUnsupported for a payload this service cannot load."""
+        self._weight_spec().check(payload)
 
     def max_weight_bytes(self) -> int:
         """Returns the largest weight update accepted (the model's own size, see
         `WeightSpec.max_payload_bytes`); WeightsUnsupported when this service takes none."""
-        if not self.engines:
-            raise WeightsUnsupported("this service was given no engines to update")
-        if self.weights is None:
-            raise WeightsUnsupported(
-                "this service knows no weight names and shapes (its model folder has no"
-                " *.safetensors), so it cannot check an update"
-            )
-        return self.weights.max_payload_bytes()
+        return self._weight_spec().max_payload_bytes()
 
     async def update_weights(self, named_tensors: Sequence[tuple[str, Any]]) -> WeightLoad:
         """Load checked (name, tensor) pairs into every healthy engine between generations."""

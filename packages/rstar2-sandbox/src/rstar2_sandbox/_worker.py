@@ -37,7 +37,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2_sandbox import _child, _confine, _zygote
+from rstar2_sandbox import _child, _confine, _profile, _zygote
 from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
 
 _CHUNK = 1 << 16
@@ -63,7 +63,7 @@ class _Call:
     next_check: float = 0.0
     queue_s: float = 0.0
     session: _Session | None = None
-    stamps: list[Any] | None = None  # bench only: (phase, perf_counter_ns, CPU ns, faults)
+    stamps: list[_profile.Stamp] | None = None  # SandboxConfig.profile (bench only)
 
 
 @dataclass
@@ -186,14 +186,12 @@ class Worker:
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", call, name))
         self.calls[tag] = call
         if self.config.get("profile"):
-            call.stamps = [("worker_received", int(msg["received"] * 1e9), 0, 0)]
-            call.stamps.append(("worker_prepared", time.perf_counter_ns(), 0, 0))
+            call.stamps = _profile.begin(msg["received"])
         self._fork(
             tag, "once", slot, call.cpu_limit_s, msg["memory_bytes"],
             [stdin, out_w, err_w, res_w, code],
         )  # fmt: skip
-        if call.stamps is not None:
-            call.stamps.append(("worker_handed", time.perf_counter_ns(), 0, 0))
+        _profile.mark(call.stamps, "worker_handed")
 
     def _read_pipe(self, call: _Call, fd: int, name: str) -> None:
         """Read what is there, keeping at most the cap; closes the descriptor at EOF."""
@@ -217,8 +215,7 @@ class Worker:
         self, tag: int, status: int, cpu_s: float, zygote_stamps: list[Any] | None = None
     ) -> None:
         call = self.calls.pop(tag)
-        if call.stamps is not None:
-            call.stamps.append(("worker_exit_heard", time.perf_counter_ns(), 0, 0))
+        _profile.mark(call.stamps, "worker_exit_heard")
         wall = time.monotonic() - call.started
         for fd, name in list(call.fds.items()):
             with contextlib.suppress(OSError):
@@ -246,13 +243,8 @@ class Worker:
         extra = {"op": "done", "id": call.id, "wall_s": wall, "queue_s": call.queue_s}
         child = report.pop("profile", None) if report is not None else None
         if call.stamps is not None:
-            call.stamps.append(("worker_answered", time.perf_counter_ns(), 0, 0))
-            extra["profile"] = {
-                "worker": call.stamps,
-                "zygote": zygote_stamps or [],
-                "child": child if isinstance(child, list) else [],
-                "child_cpu_ns": int(cpu_s * 1e9),
-            }
+            _profile.mark(call.stamps, "worker_answered")
+            extra["profile"] = _profile.answer(call.stamps, zygote_stamps, child, cpu_s)
         self.send(classify(outcome) | extra | {"cpu_s": cpu_s})
 
     def _fail_call(self, tag: int, why: str) -> None:

@@ -436,7 +436,11 @@ async def open_cluster_parts(
         else:
             started = await start_engines(config, placement, model_dir)
             level = placement.sleep_level
-        engines = Engines([EngineMeter(e) for e in started], sleep_level=level)
+        engines = Engines(
+            [EngineMeter(e) for e in started],
+            sleep_level=level,
+            sync_timeout_s=placement.sync_timeout_s,
+        )
         for engine in engines:
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)

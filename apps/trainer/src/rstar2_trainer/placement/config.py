@@ -86,6 +86,13 @@ class ClusterConfig(BaseModel):
     start_timeout_s: float = Field(
         default=900.0, gt=0, description="Limit for servers and engines to come up."
     )
+    sync_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Split placement: a weight sync's channel (its group's set-up and every "
+        "bucket's collective) gives up after this many seconds; an engine that died in the sync "
+        "is then dropped and the survivors are synced again, once.",
+    )
 
     @model_validator(mode="after")
     def _sandbox_fits_its_workers(self) -> ClusterConfig:
