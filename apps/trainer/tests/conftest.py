@@ -24,6 +24,26 @@ TINY_RUN = [
     "algo.group_size=2",
 ]
 
+# The main loop in this process (the transformers engine, sandbox and grader in process), RL only,
+# at sizes where a step takes a second: test_rl_step, test_tracking, test_partial_rollout.
+IN_PROCESS_RL = [
+    "model.layers=1",
+    "model.hidden_size=64",
+    "model.vocab_size=512",
+    "engine={kind: hf}",
+    "scheduler.policy={kind: least_requests}",  # the transformers engine reports no KV size
+    "tool.kind=local",
+    "verify_service.mode=local",
+    "sft.enabled=false",
+    "eval.problems=2",
+    "eval.max_response_tokens=24",
+    "curriculum.batch_size=1",
+    "curriculum.source.n=8",
+    "curriculum.tiny.max_response_tokens=[24,24,24]",
+    "algo.group_size=2",
+    "algo.filtering=none",  # keep equal-reward groups: an untrained model scores 0 everywhere
+]
+
 # The tiny recipe shrunk for Ray tests: a 2-layer model, RL only, bf16 ranks.
 SMALL_MODEL = [
     "model.layers=2",
@@ -59,6 +79,12 @@ FUSED = {  # vLLM's fused projections: the concatenation of these Hugging Face t
 def tiny_run() -> list[str]:
     """`a.b=value` overrides that make the tiny recipe a seconds-long run."""
     return list(TINY_RUN)
+
+
+@pytest.fixture
+def in_process_rl() -> list[str]:
+    """`a.b=value` overrides for a seconds-long RL-only run of the main loop in this process."""
+    return list(IN_PROCESS_RL)
 
 
 class TinyOnRay:

@@ -13,23 +13,8 @@ import pytest
 from rstar2_trainer.cli import main
 from rstar2_trainer.rundir import read_metrics
 
-FAST = [
-    "model.layers=1",
-    "model.hidden_size=64",
-    "model.vocab_size=512",
-    "engine={kind: hf}",
-    "scheduler.policy={kind: least_requests}",  # the transformers engine reports no KV size
-    "tool.kind=local",
-    "verify_service.mode=local",
-    "sft.enabled=false",
-    "eval.problems=2",
-    "eval.max_response_tokens=24",
-    "curriculum.batch_size=1",
-    "curriculum.source.n=8",
+PARTIAL = [
     "curriculum.tiny.steps=[3,1,1]",
-    "curriculum.tiny.max_response_tokens=[24,24,24]",
-    "algo.group_size=2",
-    "algo.filtering=none",  # keep equal-reward groups: an untrained model scores 0 everywhere
     "run.trackers=[jsonl]",
     "run.plots=false",
     "run.checkpoint_every=2",
@@ -44,9 +29,11 @@ def _steps(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow  # two short runs of five RL steps on the transformers engine: ~2.5 min
-def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(tmp_path):
+def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(
+    tmp_path, in_process_rl
+):
     run_dir = tmp_path / "run"
-    assert main(["tiny", f"run.output_dir={run_dir}", *FAST]) == 0
+    assert main(["tiny", f"run.output_dir={run_dir}", *in_process_rl, *PARTIAL]) == 0
     steps = _steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:

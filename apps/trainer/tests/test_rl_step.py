@@ -13,31 +13,11 @@ import json
 from rstar2_trainer.cli import main
 from rstar2_trainer.rundir import read_metrics
 
-FAST = [
-    "model.layers=1",
-    "model.hidden_size=64",
-    "model.vocab_size=512",
-    "engine={kind: hf}",
-    "scheduler.policy={kind: least_requests}",  # the transformers engine reports no KV size
-    "tool.kind=local",
-    "verify_service.mode=local",
-    "sft.enabled=false",
-    "eval.problems=2",
-    "eval.max_response_tokens=24",
-    "curriculum.batch_size=1",
-    "curriculum.source.n=8",
-    "curriculum.tiny.steps=[1,1,1]",
-    "curriculum.tiny.max_response_tokens=[24,24,24]",
-    "algo.group_size=2",
-    "algo.filtering=none",  # keep equal-reward groups: an untrained model scores 0 everywhere
-    "run.trackers=[jsonl]",
-    "run.plots=false",
-]
 
-
-def test_the_main_loop_runs_rl_steps_updates_and_checkpoints(tmp_path, capsys):
+def test_the_main_loop_runs_rl_steps_updates_and_checkpoints(tmp_path, capsys, in_process_rl):
     run_dir = tmp_path / "run"
-    assert main(["tiny", f"run.output_dir={run_dir}", *FAST]) == 0
+    args = ["curriculum.tiny.steps=[1,1,1]", "run.trackers=[jsonl]", "run.plots=false"]
+    assert main(["tiny", f"run.output_dir={run_dir}", *in_process_rl, *args]) == 0
     out = capsys.readouterr().out
     records = read_metrics(run_dir)
     steps = [r for r in records if r["phase"] == "rl"]

@@ -22,24 +22,6 @@ from rstar2_trainer.rundir import read_metrics
 from rstar2_trainer.rundir.tracking import check_trackers, open_trackers, read_state
 
 ALL = ["jsonl", "tensorboard", "wandb", "mlflow"]
-# test_rl_step's run: the transformers engine, sandbox and grader in process, tiny sizes.
-FAST = [
-    "model.layers=1",
-    "model.hidden_size=64",
-    "model.vocab_size=512",
-    "engine={kind: hf}",
-    "scheduler.policy={kind: least_requests}",
-    "tool.kind=local",
-    "verify_service.mode=local",
-    "sft.enabled=false",
-    "eval.problems=2",
-    "eval.max_response_tokens=24",
-    "curriculum.batch_size=1",
-    "curriculum.source.n=8",
-    "curriculum.tiny.max_response_tokens=[24,24,24]",
-    "algo.group_size=2",
-    "algo.filtering=none",
-]
 CONFIG = {"run": {"seed": 7, "name": "t"}, "algo": {"name": "grpo_roc", "group_size": 2}}
 
 
@@ -228,7 +210,7 @@ def test_a_missing_extra_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, e
 
 
 @pytest.mark.slow
-def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypatch):
+def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypatch, in_process_rl):
     """The real trainer (the in-process engine of test_rl_step): killed after RL step 3, whose
     checkpoint (every 2 steps) never came, then resumed to the end."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read the store here
@@ -236,7 +218,7 @@ def test_rstar2_train_with_every_tracker_killed_then_resumed(tmp_path, monkeypat
     args = [
         "tiny",
         f"run.output_dir={run_dir}",
-        *FAST,
+        *in_process_rl,
         "run.trackers=[jsonl,tensorboard,wandb,mlflow]",
         "run.wandb.mode=offline",
         "run.checkpoint_every=2",
