@@ -107,7 +107,8 @@ def response_logprobs(
             chunk_tokens=chunk_tokens,
             with_entropy=with_entropy,
         )
-        return logp[:, None] if ent is None else torch.stack([logp, ent], dim=-1)
+        # A new tensor either way: FSDP2 warns when a module returns a view.
+        return torch.stack([logp] if ent is None else [logp, ent], dim=-1)
 
     previous = head.__dict__.get("forward")
     head.forward = scored
