@@ -191,14 +191,11 @@ async def run_policy(
     }
 
 
-async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    import ray
-
+def tiny_engine_setup(kv_tokens: int) -> tuple[Path, int, Any]:
+    """A fresh tiny model folder, its vocabulary size, and the tiny recipe's engine settings for
+    it (fp32, `kv_tokens` of KV cache, `MAX_NUM_SEQS`): what the engine benches run."""
     from rstar2_rollout.tiny import build_tiny_model
     from rstar2_trainer.config import load_config
-    from rstar2_trainer.placement import cluster as cluster_mode
-    from rstar2_trainer.placement import engine_actor as actor_module
-    from rstar2_trainer.placement.config import ClusterConfig
 
     folder = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
@@ -206,11 +203,22 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "tiny",
         [
             "engine.dtype=float32",
-            f"engine.kv_cache_memory_bytes={args.kv_tokens * BYTES_PER_TOKEN}",
+            f"engine.kv_cache_memory_bytes={kv_tokens * BYTES_PER_TOKEN}",
             "engine.max_model_len=2048",
             f"engine.max_num_seqs={MAX_NUM_SEQS}",
         ],
     )
+    return folder, vocab, config
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from rstar2_trainer.placement import cluster as cluster_mode
+    from rstar2_trainer.placement import engine_actor as actor_module
+    from rstar2_trainer.placement.config import ClusterConfig
+
+    folder, vocab, config = tiny_engine_setup(args.kv_tokens)
     cluster = ClusterConfig(num_cpus=args.engines, engines_per_node=args.engines)
     cluster_mode.connect(cluster, "warning")
     try:

@@ -36,7 +36,7 @@ import json
 import os
 import random
 import statistics
-import tempfile
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -58,17 +58,13 @@ from rstar2_rollout.service import RolloutSampling, RolloutService
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
+sys.path.insert(0, str(Path(__file__).parent))
+from calibrate_engine import SCENARIO, tiny_engine_setup
+
 SAMPLES = 8
-MAX_NUM_SEQS = 32
-BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4  # K and V, 2 layers, 2 KV heads of 32, fp32
 
 
 def scenario(groups: int) -> Any:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from calibrate_engine import SCENARIO
-
     return dataclasses.replace(SCENARIO, prompts=groups, samples_per_prompt=SAMPLES)
 
 
@@ -194,23 +190,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from safetensors.torch import load_file
 
-    from rstar2_rollout.tiny import build_tiny_model
-    from rstar2_trainer.config import load_config
     from rstar2_trainer.placement import cluster as cluster_mode
     from rstar2_trainer.placement.config import ClusterConfig
 
-    folder = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    folder, vocab, config = tiny_engine_setup(args.kv_tokens)
     weights = sorted(load_file(folder / "model.safetensors").items())
-    config = load_config(
-        "tiny",
-        [
-            "engine.dtype=float32",
-            f"engine.kv_cache_memory_bytes={args.kv_tokens * BYTES_PER_TOKEN}",
-            "engine.max_model_len=2048",
-            f"engine.max_num_seqs={MAX_NUM_SEQS}",
-        ],
-    )
     started = False
     try:
         if args.placement == "ray":
