@@ -1,0 +1,173 @@
+"""Issue 30, item 5: does a run with partial rollouts learn as well as a synchronous one?
+
+    uv run python bench/async_vs_sync.py [RECIPE] [a.b=value ...] [--seeds 0 1 2] [--jobs 2]
+        [--work runs/async_vs_sync] [--json bench/results/async_vs_sync.json]
+
+The same protocol as bench/roc_vs_grpo.py, whose helpers it uses: SFT once (`rstar2-train
+RECIPE` until checkpoint 0, exported as a policy folder), then per arm and seed the RL stages
+from that policy, evaluated on the SFT run's held-out problems. The arms differ only in the step:
+
+- `sync`: every step waits for all its groups (`async.max_staleness=0`);
+- `async`: `async.partial_rollout=true async.max_staleness=1`: a step trains on the first
+  `curriculum.batch_size` groups to finish of about twice as many in flight, the rest carried
+  into the next step on the new weights, groups more than one version old dropped.
+
+Both arms checkpoint every 10 steps (`run.checkpoint_every=10`: a checkpoint drains the pool, so
+the default of every step would leave nothing to carry).
+
+`rl_seconds` is the wall time of the RL steps: from the evaluation of the starting policy (step
+0, logged before the first step starts) to the last RL step's record, checkpoints included, the
+final evaluation not. Arms of one seed run at once (`--jobs 2`, one torch thread each), so they
+share the machine's load; their seconds compare within a seed, not across sessions.
+
+JSON: `{"arms": {"sync": [RUN, ...], "async": [RUN, ...]}, "verdict": "..."}`, a RUN is
+`{"seed", "final_accuracy", "rl_seconds", "accuracy_after_sft", "staleness_mean",
+"groups_dropped_stale", "groups_carried"}`. The verdict says whether the asynchronous arm's mean
+final accuracy lies inside the synchronous arm's 95 % t-interval (the issue's bar for a default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from roc_vs_grpo import (
+    held_out_of_sft,
+    interval,
+    read_metrics,
+    run_logged,
+    sft_policy,
+    trainer,
+)
+
+SHARED = ["run.checkpoint_every=10"]
+ARMS = {
+    "sync": [*SHARED],
+    "async": [*SHARED, "async.partial_rollout=true", "async.max_staleness=1"],
+}
+
+
+def run_record(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One RUN entry from a finished run's metrics.jsonl records."""
+    evals = [r for r in records if r.get("phase") in ("eval", "benchmark")]
+    rl = [r for r in records if r.get("phase") == "rl"]
+    start = [r for r in evals if r["step"] == 0][-1]  # the policy RL starts from
+    return {
+        "seed": seed,
+        "final_accuracy": evals[-1]["accuracy"],
+        "rl_seconds": rl[-1]["time"] - start["time"],
+        "accuracy_after_sft": start["accuracy"],
+        "rl_steps": len(rl),
+        "staleness_mean": _mean(r.get("staleness_mean") for r in rl),
+        "groups_carried": sum(r.get("groups_carried", 0) for r in rl),
+        "groups_dropped_stale": sum(r.get("groups_dropped_stale", 0) for r in rl),
+    }
+
+
+def _mean(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def verdict(arms: dict[str, list[dict[str, Any]]]) -> str:
+    """Whether the asynchronous arm's mean final accuracy is inside the synchronous 95 %
+    interval, and the wall-time ratio of the RL steps."""
+    acc = {arm: interval([r["final_accuracy"] for r in runs]) for arm, runs in arms.items()}
+    secs = {arm: interval([r["rl_seconds"] for r in runs]) for arm, runs in arms.items()}
+    sync, async_ = acc["sync"], acc["async"]
+    if sync is None or async_ is None or min(len(r) for r in arms.values()) < 2:
+        return f"inconclusive: too few finished runs ({ {a: len(r) for a, r in arms.items()} })"
+    inside = sync[1] <= async_[0] <= sync[2]
+    above = async_[0] > sync[2]
+    says = "inside" if inside else ("above" if above else "below")
+    assert secs["sync"] is not None and secs["async"] is not None
+    return (
+        f"final held-out accuracy: async {async_[0]:.3f} [{async_[1]:.3f}, {async_[2]:.3f}] vs "
+        f"sync {sync[0]:.3f} [{sync[1]:.3f}, {sync[2]:.3f}]: the async mean is {says} the sync "
+        f"95 % interval; RL wall time sync/async {secs['sync'][0] / secs['async'][0]:.2f}x "
+        f"(means over {len(arms['sync'])} + {len(arms['async'])} seeds)"
+    )
+
+
+def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
+    print(
+        f"{'arm':<7}{'seed':>5}{'after SFT':>11}{'final':>8}{'RL s':>8}{'stale':>7}{'carried':>9}{'dropped':>9}"
+    )
+    for arm, runs in arms.items():
+        for r in runs:
+            stale = r["staleness_mean"]
+            print(
+                f"{arm:<7}{r['seed']:>5}{r['accuracy_after_sft']:>11.3f}{r['final_accuracy']:>8.3f}"
+                f"{r['rl_seconds']:>8.0f}{'-' if stale is None else f'{stale:.2f}':>7}"
+                f"{r['groups_carried']:>9}{r['groups_dropped_stale']:>9}"
+            )
+
+
+def rl_run(recipe: str, overrides: list[str], policy: Path, arm: str, seed: int, work: Path) -> int:
+    """One arm and seed from the SFT policy; skipped when finished, resumed when started."""
+    run_dir = work / f"{arm}-s{seed}"
+    if (run_dir / "policy" / "config.json").is_file():
+        return 0
+    if (run_dir / "config.yaml").is_file():
+        cmd = trainer("--resume", str(run_dir))
+    else:
+        cmd = trainer(
+            recipe,
+            *overrides,
+            f"model={{kind: pretrained, path: {policy.resolve()}}}",
+            "sft.enabled=false",
+            f"run.seed={seed}",
+            "run.threads=1",
+            f"run.name={arm}-s{seed}",
+            f"run.output_dir={run_dir}",
+            *held_out_of_sft(work),
+            *ARMS[arm],
+        )
+    return run_logged(cmd, work / f"{arm}-s{seed}.log")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="partial rollouts vs synchronous steps")
+    parser.add_argument("recipe", nargs="?", default="tiny")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=2, help="RL runs at once")
+    parser.add_argument("--work", type=Path, default=Path("runs/async_vs_sync"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/async_vs_sync.json"))
+    parser.add_argument(
+        "--report-only", action="store_true", help="summarise the finished runs; start none"
+    )
+    args = parser.parse_args()
+    if not args.report_only:
+        policy = sft_policy(args.recipe, args.overrides, args.work)
+        with ThreadPoolExecutor(args.jobs) as pool:  # seed by seed, both arms of a seed at once
+            futures = [
+                pool.submit(rl_run, args.recipe, args.overrides, policy, arm, seed, args.work)
+                for seed in args.seeds
+                for arm in ARMS
+            ]
+            codes = [f.result() for f in futures]
+        if any(codes):
+            print("some runs failed; the JSON holds the finished ones", file=sys.stderr)
+    arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    for arm in ARMS:
+        for seed in args.seeds:
+            run_dir = args.work / f"{arm}-s{seed}"
+            if (run_dir / "policy" / "config.json").is_file():
+                arms[arm].append(run_record(seed, read_metrics(run_dir)))
+    result = {"arms": arms, "verdict": verdict(arms)}
+    print_table(arms)
+    print(result["verdict"])
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
