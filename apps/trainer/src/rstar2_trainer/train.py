@@ -26,7 +26,10 @@ Partial rollouts (`async.partial_rollout`, local engines): a step submits its ba
 `RolloutPool` and trains on the first `curriculum.batch_size` groups to finish, whichever step
 submitted them; the rest keep running into the next step (their later turns on the new weights),
 and groups more than `async.max_staleness` versions old are dropped. Every step logs
-`groups_trained`, `groups_carried`, `groups_dropped_stale` and `groups_drained`. A stage switch
+`groups_trained`, `groups_carried`, `groups_dropped_stale` and `groups_drained`, and what the
+pool generated while the policy trained, counted at the engines and the pool around the update
+(`turns_during_train`, `tokens_during_train`, `groups_finished_during_train`): a driver policy
+trains on a worker thread then (policy.py), training ranks are awaited. A stage switch
 (its evaluation and hard-subset pass) and a checkpoint drain the pool first (cancel what runs,
 discard what waits), so a checkpoint never holds rollouts in flight and `--resume` restarts
 exactly where the uninterrupted run stood; carrying needs `run.checkpoint_every` > 1.
@@ -326,16 +329,31 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
     phases = Phases()
     with phases.time("sleep"):  # colocated engines free their GPU memory; the sync wakes them
         await parts.engines.sleep()
+    before = generated(run)
     with phases.time("train"):
         advantages = algo.advantages(selection).float()  # [K]
         temperature = rollout.temperature if rollout.temperature > 0 else 1.0
         update = await run.policy.update(
             selection.trajectories, advantages, lr=lr, temperature=temperature
         )
+    if run.pool is not None:  # what the pool generated while the policy trained
+        after = generated(run)
+        for name, was in before.items():
+            metrics[f"{name}_during_train"] = after[name] - was
     metrics.update(update)
     metrics.update(phases.times)
     metrics.update(await sync(run))
     return stage, metrics
+
+
+def generated(run: Run) -> dict[str, int]:
+    """Counts since the start: turns and tokens the engines answered, groups the pool finished."""
+    engines = run.parts.engines
+    return {
+        "turns": sum(getattr(e, "turns", 0) for e in engines),
+        "tokens": sum(getattr(e, "tokens", 0) for e in engines),
+        "groups_finished": run.pool.finished if run.pool is not None else 0,
+    }
 
 
 async def roll_out(
