@@ -1,8 +1,8 @@
 """`async.max_staleness` and `async.partial_rollout`: keys of every recipe; partial rollouts run
-with local engines, and what is not built is refused in one line rather than accepted and
-ignored: generation during training (staleness without partial rollouts), partial rollouts on a
-cluster or on remote services, and partial rollouts with no staleness allowed. Colocated
-placement can only ever overlap partial rollouts, which is its own line.
+with local engines and in split placement (`cluster.colocate: false`), and what is not built is
+refused in one line rather than accepted and ignored: staleness without partial rollouts,
+partial rollouts in colocated placement or on remote services, and partial rollouts with no
+staleness allowed. Colocated placement can only ever overlap partial rollouts, its own line.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def test_what_is_not_built_is_refused_in_one_line(name, capsys):
         assert main([name, "--dry-run", *PARTIAL]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1
-        assert "async.partial_rollout with a cluster section is not implemented yet" in err
+        assert "async.partial_rollout with cluster.colocate is not implemented yet" in err
+        split = load_config(name, [*PARTIAL, "cluster.colocate=false"])  # split placement
+        assert split.async_.partial_rollout and split.cluster and not split.cluster.colocate
 
 
 @pytest.mark.parametrize("name", sorted(set(recipes()) - COLOCATED))

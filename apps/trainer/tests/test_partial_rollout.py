@@ -47,6 +47,10 @@ def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(
     assert second["batch_ahead"] == []
     assert second["groups"][0] in first["batch"] + first["batch_ahead"]
     assert second["staleness_max"] == 1
+    # measured around every update (here the carried group had mostly finished by then: the
+    # overlap itself is test_overlap.py's and test_split_partial.py's)
+    assert all(r["tokens_during_train"] >= r["turns_during_train"] >= 0 for r in steps)
+    assert all(0 <= r["groups_finished_during_train"] <= r["groups_carried"] for r in steps)
     # step 2's checkpoint drained the pool (step 2's own group was still there)
     assert second["groups_drained"] == 1
     assert len(steps[2]["batch_ahead"]) == 1  # an empty pool: two batches again

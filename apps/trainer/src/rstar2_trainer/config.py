@@ -357,9 +357,9 @@ class InitConfig(_Section):
 
 
 class AsyncConfig(_Section):
-    """Steps that do not wait for the slowest trajectory (issue #30). Partial rollouts run with
-    local engines; anything not built (asynchronous generation during training, partial rollouts
-    on a cluster or on remote services) is refused in one line, not silently ignored."""
+    """Steps that do not wait for the slowest trajectory (issue #30): partial rollouts with local
+    engines or split placement, generating while the policy trains (trainer README, "Asynchronous
+    steps"). What is not built is refused in one line, not silently ignored."""
 
     max_staleness: int = Field(
         default=0,
@@ -369,8 +369,8 @@ class AsyncConfig(_Section):
     )
     partial_rollout: bool = Field(
         default=False,
-        description="Train on the first groups that finish and continue the rest after the "
-        "sync (needs max_staleness >= 1; local engines only).",
+        description="Train on the first groups that finish; the rest go on generating during "
+        "the update and the sync (needs max_staleness >= 1; not colocated, not remote).",
     )
 
 
@@ -503,10 +503,10 @@ class TrainerConfig(_Section):
                 "async.partial_rollout needs async.max_staleness >= 1 (a group carried over a "
                 "weight sync is one version behind); set async.max_staleness: 1"
             )
-        if self.cluster is not None:
+        if colocated:
             raise ValueError(
-                "async.partial_rollout with a cluster section is not implemented yet (local "
-                "engines only); set async.partial_rollout: false"
+                "async.partial_rollout with cluster.colocate is not implemented yet (the engines "
+                "sleep while the ranks train, with turns in flight); set cluster.colocate: false"
             )
         if self.remote is not None:
             raise ValueError(

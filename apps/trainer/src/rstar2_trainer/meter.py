@@ -2,7 +2,10 @@
 
 While a rollout window is open (`open` .. `close_window`), the time with no generate call in
 flight is the "GPU-idle equivalent" of waiting on tools and grading, the share the paper's
-load-balanced scheduler exists to shrink.
+load-balanced scheduler exists to shrink. `turns` and `tokens` count the generate calls
+answered and the tokens they returned since the engine started (a failed call counts as a turn
+with its tokens, usually none): the trainer reads them around an update to measure what was
+generated while the policy trained.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class EngineMeter:
         self._idle_since: float | None = None
         self.idle_s = 0.0
         self.busy = False  # True while a rollout window is open
+        self.turns = 0  # generate calls answered, since the start
+        self.tokens = 0  # tokens those calls returned
 
     def open(self) -> None:
         self.busy, self.idle_s = True, 0.0
@@ -50,7 +55,10 @@ class EngineMeter:
             self._idle_since = None
         self._in_flight += 1
         try:
-            return await self.inner.generate(prompt_ids, params, request_id)
+            out = await self.inner.generate(prompt_ids, params, request_id)
+            self.turns += 1
+            self.tokens += len(out.token_ids)
+            return out
         finally:
             self._in_flight -= 1
             if self._in_flight == 0 and self.busy:

@@ -22,11 +22,15 @@ engine counts the updates it loaded since it started, so the two agree; every st
 rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a trajectory's
 oldest token version; 0 in a synchronous run) and `staleness_unknown` (no version known).
 
-Partial rollouts (`async.partial_rollout`, local engines): a step submits its batch to the run's
+Partial rollouts (`async.partial_rollout`; local engines or split placement, where the engine
+actors generate while the ranks train): a step submits its batch to the run's
 `RolloutPool` and trains on the first `curriculum.batch_size` groups to finish, whichever step
 submitted them; the rest keep running into the next step (their later turns on the new weights),
 and groups more than `async.max_staleness` versions old are dropped. Every step logs
-`groups_trained`, `groups_carried`, `groups_dropped_stale` and `groups_drained`. A stage switch
+`groups_trained`, `groups_carried`, `groups_dropped_stale` and `groups_drained`, and what the
+pool generated while the policy trained, counted at the engines and the pool around the update
+(`turns_during_train`, `tokens_during_train`, `groups_finished_during_train`): a driver policy
+trains on a worker thread then (policy.py), training ranks are awaited. A stage switch
 (its evaluation and hard-subset pass) and a checkpoint drain the pool first (cancel what runs,
 discard what waits), so a checkpoint never holds rollouts in flight and `--resume` restarts
 exactly where the uninterrupted run stood; carrying needs `run.checkpoint_every` > 1.
@@ -158,23 +162,7 @@ async def _train(
             config, parts.model, parts.model_dir, precision, pad_id=pad_id, group=parts.train_group
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
-            if config.async_.partial_rollout:
-                steps = config.async_
-                run.pool = RolloutPool(
-                    parts.source, parts.scorer, max_staleness=steps.max_staleness
-                )
-            try:
-                if ckpt is None:
-                    await start(run, traces)
-                else:
-                    await restore(run, ckpt)
-                while not curriculum.plan.finished:
-                    run.step += 1
-                    stage, metrics = await rl_step(run)
-                    await end_step(run, stage, metrics)
-            finally:
-                if run.pool is not None:
-                    await run.pool.close()
+            await run_steps(run, ckpt, traces)
             policy_dir = await policy.export(
                 run_dir / "policy",
                 parts.tokenizer,
@@ -182,6 +170,27 @@ async def _train(
                 step=run.step,
             )
         report.final_table(run.evals, run_dir, policy_dir, final_eval_command(config))
+
+
+async def run_steps(run: Run, ckpt: Any, traces: list) -> None:
+    """A new start (SFT on `traces`) or `ckpt` restored, then RL steps to the end of the plan,
+    with the rollout pool (partial rollouts) open throughout and closed however it ends."""
+    steps = run.config.async_
+    if steps.partial_rollout:
+        parts = run.parts
+        run.pool = RolloutPool(parts.source, parts.scorer, max_staleness=steps.max_staleness)
+    try:
+        if ckpt is None:
+            await start(run, traces)
+        else:
+            await restore(run, ckpt)
+        while not run.curriculum.plan.finished:
+            run.step += 1
+            stage, metrics = await rl_step(run)
+            await end_step(run, stage, metrics)
+    finally:
+        if run.pool is not None:
+            await run.pool.close()
 
 
 async def run_eval(run: Run, when: str) -> None:
@@ -326,16 +335,31 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
     phases = Phases()
     with phases.time("sleep"):  # colocated engines free their GPU memory; the sync wakes them
         await parts.engines.sleep()
+    before = generated(run)
     with phases.time("train"):
         advantages = algo.advantages(selection).float()  # [K]
         temperature = rollout.temperature if rollout.temperature > 0 else 1.0
         update = await run.policy.update(
             selection.trajectories, advantages, lr=lr, temperature=temperature
         )
+    if run.pool is not None:  # what the pool generated while the policy trained
+        after = generated(run)
+        for name, was in before.items():
+            metrics[f"{name}_during_train"] = after[name] - was
     metrics.update(update)
     metrics.update(phases.times)
     metrics.update(await sync(run))
     return stage, metrics
+
+
+def generated(run: Run) -> dict[str, int]:
+    """Counts since the start: turns and tokens the engines answered, groups the pool finished."""
+    engines = run.parts.engines
+    return {
+        "turns": sum(getattr(e, "turns", 0) for e in engines),
+        "tokens": sum(getattr(e, "tokens", 0) for e in engines),
+        "groups_finished": run.pool.finished if run.pool is not None else 0,
+    }
 
 
 async def roll_out(

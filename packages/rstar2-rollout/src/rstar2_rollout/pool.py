@@ -24,6 +24,9 @@ every other group running on the engines, to finish during a later call.
   count it returns): what a stage switch, an evaluation or a checkpoint needs so that the pool
   is empty at a point a resumed run restarts from. `close()` is `drain()` for the end.
 
+`finished` counts the groups that finished since the pool started (the caller reads it around
+other work, e.g. an update, to see what finished meanwhile).
+
 `next_batch` returns fewer groups only when nothing is left running. A grading error is raised by
 the `next_batch` that would have returned its group. Not covered: aborting a running turn at a
 weight update (the engine finishes it on the old weights), cancelling one group of a submission
@@ -96,6 +99,7 @@ class RolloutPool(Generic[P]):
         self.grader = grader
         self.max_staleness = max_staleness
         self._submissions = 0
+        self.finished = 0  # groups that finished (every job ended), since the pool started
         self._running: dict[tuple[int, str], _Group[P]] = {}  # (submission, problem id)
         self._ready: list[_Group[P]] = []  # finished, not taken, in finish order
         self._changed = asyncio.Event()
@@ -179,6 +183,7 @@ class RolloutPool(Generic[P]):
 
     def _finish(self, number: int, group: _Group[P]) -> None:
         if self._running.pop((number, group.problem.id), None) is not None:
+            self.finished += 1
             self._ready.append(group)
             self._changed.set()
 

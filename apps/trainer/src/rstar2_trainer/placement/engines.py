@@ -22,7 +22,10 @@ live engine actor first (a dead one is dropped before any group exists), wakes t
 has rank 0 open a channel for exactly those E engines, then runs rank 0's send (every rank
 gathering) and the E receives at once; the group's set-up and collectives give up after
 `timeout_s` (default: the `sync_timeout_s` the cluster placement sets from
-`cluster.sync_timeout_s`, 300 s). An
+`cluster.sync_timeout_s`, 300 s). With turns in flight (partial rollouts) each engine actor
+finishes its running turns on the old weights and holds new ones until its load ends (vLLM's
+update session, the transformers engine's lock): no turn spans two versions, and that wait
+counts against `timeout_s` (tests/test_split_partial.py pushes with turns in flight). An
 engine lost during the sync is dropped and the sync is made again, once, for the survivors (a
 fresh group: the failed one left them with a partial update). `bytes_moved` is the model once
 in the engines' dtype; `extra["time_sync_connect_s"]` is the group's build time.

