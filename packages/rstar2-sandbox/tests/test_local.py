@@ -293,7 +293,8 @@ def test_every_call_gets_its_own_output_when_calls_end_together(runner):
     the next. Each call must answer ok with exactly its own output. (A stale event once read a
     closed or reused descriptor, `internal error: OSError(9, 'Bad file descriptor')`, seen in
     training under load 12+; this test did not reproduce that interleaving here, so it guards
-    the outputs, not the fix itself.)"""
+    the outputs, not the fix itself.) Its failures at load 10 (issue 29) were false timeouts,
+    the wait for the zygote charged to calls; the next test guards that."""
     import subprocess
     import sys
 
