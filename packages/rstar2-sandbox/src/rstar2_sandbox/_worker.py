@@ -10,11 +10,11 @@ call the worker puts the code and stdin in memfds, makes the output and result p
 the descriptors to the zygote; the zygote answers with a pidfd and later with the exit status.
 The wall clock starts when the zygote forks the call (the time it reports in `started`): what a
 call waits for the zygote, which forks one call at a time and falls behind on a loaded host, is
-queue time (`queue_s`), never charged to the call's timeout. The worker reads stdout and stderr up to the
-cap, kills the call at the deadline through its pidfd, renices calls that burn CPU, and treats
-every byte from a call as hostile: the result report is size-capped and validated
-(`_outcome.parse_report`), session frames too, and a failure while handling one call answers that
-call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live across
+queue time (`queue_s`), never charged to the call's timeout. The worker reads stdout and stderr
+up to the cap, kills the call at the deadline through its pidfd, renices calls that burn CPU, and
+treats every byte from a call as hostile: the result report is size-capped and validated
+(`_outcome.parse_report`), session frames too, and a failure while handling one call answers
+that call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live across
 cells, one cell at a time, stopped (SIGSTOP) between cells, with a cumulative CPU budget
 (RLIMIT_CPU); closing one never waits for it.
 
