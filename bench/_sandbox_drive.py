@@ -5,12 +5,13 @@ Not a bench itself (no table, no JSON): `sandbox_http.py`, `sandbox_profile.py` 
 
 - `cold_rate(codes, width)`: executions/s of a fresh `python -c CODE` (stdin fed) per snippet,
   `width` at once: the machine's floor that sandbox figures are reported beside.
-- `drive(run, jobs, width, check)`: `run(job.request)` for every job, `width` in flight;
-  (executions/s, answers `check` accepts; default `Job.check`).
+- `drive(run, jobs, width, check, failed)`: `run(job.request)` for every job, `width` in flight;
+  (executions/s, answers `check` accepts; default `Job.check`); each answer it refuses is
+  appended to `failed`, when given, as `describe` writes it (what came back, not a count).
 - `drive_grpc(address, ...)` / `drive_http(url, ...)`: the same through `SandboxClient` or
   SandboxFusion's `POST /run_code`, after 32 warm-up calls.
 - `served_rounds(argv, jobs, width, rounds)`: starts `rstar2-sandbox serve ... --http-port 0`
-  and alternates gRPC and HTTP rounds on it; a row per round.
+  and alternates gRPC and HTTP rounds on it; a row per round, with its refused answers.
 """
 
 from __future__ import annotations
@@ -60,11 +61,24 @@ def _checked(job: Job, answer: Any) -> bool:
     return job.check(answer)
 
 
+def describe(job: Job, answer: Any) -> dict[str, Any]:
+    """What a refused answer got back: a `/run_code` reply's statuses and time, or a result's."""
+    seen: dict[str, Any] = {"request_id": job.request.request_id, "kind": job.kind}
+    if isinstance(answer, dict):
+        run = answer.get("run_result") or {}
+        seen |= {"status": answer.get("status"), "message": answer.get("message")}
+        seen |= {f"run_{k}": run.get(k) for k in ("status", "return_code", "execution_time")}
+        return seen | {"stdout": str(run.get("stdout"))[:80]}
+    seen |= {"status": str(answer.status), "message": answer.message, "wall_s": answer.wall_s}
+    return seen | {"cpu_s": answer.cpu_s, "queue_s": answer.queue_s, "stdout": answer.stdout[:80]}
+
+
 async def drive(
     run: Callable[[Any], Awaitable[Any]],
     jobs: Sequence[Job],
     width: int,
     check: Callable[[Job, Any], bool] = _checked,
+    failed: list[dict[str, Any]] | None = None,
 ) -> tuple[float, int]:
     """(executions/s, correct answers) of `run(job.request)` over `jobs`, `width` in flight."""
     gate = asyncio.Semaphore(width)
@@ -72,17 +86,22 @@ async def drive(
     async def one(job: Job) -> bool:
         async with gate:
             answer = await run(job.request)
-        return check(job, answer)
+        good = check(job, answer)
+        if not good and failed is not None:
+            failed.append(describe(job, answer))
+        return good
 
     start = time.perf_counter()
     good = await asyncio.gather(*(one(j) for j in jobs))
     return len(jobs) / (time.perf_counter() - start), sum(good)
 
 
-async def drive_grpc(address: str, jobs: Sequence[Job], width: int) -> tuple[float, int]:
+async def drive_grpc(
+    address: str, jobs: Sequence[Job], width: int, failed: list[dict[str, Any]] | None = None
+) -> tuple[float, int]:
     async with SandboxClient(address) as client:
         await client.execute_many([j.request for j in make_workload(WARM_UP, "no_loops", seed=1)])
-        return await drive(client.execute, jobs, width)
+        return await drive(client.execute, jobs, width, failed=failed)
 
 
 def http_ok(job: Job, answer: dict[str, Any]) -> bool:
@@ -95,7 +114,9 @@ def http_ok(job: Job, answer: dict[str, Any]) -> bool:
     return answer["status"] == "Success"
 
 
-async def drive_http(url: str, jobs: Sequence[Job], width: int) -> tuple[float, int]:
+async def drive_http(
+    url: str, jobs: Sequence[Job], width: int, failed: list[dict[str, Any]] | None = None
+) -> tuple[float, int]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=width)) as session:
 
         async def run(request: Any) -> dict[str, Any]:
@@ -105,12 +126,13 @@ async def drive_http(url: str, jobs: Sequence[Job], width: int) -> tuple[float, 
                 return await reply.json()
 
         await drive(run, make_workload(WARM_UP, "no_loops", seed=1), width, http_ok)
-        return await drive(run, jobs, width, http_ok)
+        return await drive(run, jobs, width, http_ok, failed)
 
 
 def served_rounds(argv: list[str], jobs: Sequence[Job], width: int, rounds: int) -> list[dict]:
     """Start `argv` (an `rstar2-sandbox serve` with `--http-port 0`), then `rounds` times drive
-    `jobs` through gRPC and then HTTP; a row each: run ("gRPC round 1"), per_s, correct. Exits
+    `jobs` through gRPC and then HTTP; a row each: run ("gRPC round 1"), per_s, correct, failed
+    (`describe` of each refused answer). Exits
     with one line when the server does not start; stops it at the end."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
@@ -127,11 +149,14 @@ def served_rounds(argv: list[str], jobs: Sequence[Job], width: int, rounds: int)
     rows = []
     try:
         for index in range(rounds):
-            rate, good = asyncio.run(drive_grpc(grpc_address, jobs, width))
-            rows.append({"run": f"gRPC round {index + 1}", "per_s": rate, "correct": good})
-            url = f"http://{http_address}/run_code"
-            rate, good = asyncio.run(drive_http(url, jobs, width))
-            rows.append({"run": f"HTTP round {index + 1}", "per_s": rate, "correct": good})
+            failed: list[dict[str, Any]] = []
+            rate, good = asyncio.run(drive_grpc(grpc_address, jobs, width, failed))
+            row = {"run": f"gRPC round {index + 1}", "per_s": rate, "correct": good}
+            rows.append(row | {"failed": failed})
+            url, failed = f"http://{http_address}/run_code", []
+            rate, good = asyncio.run(drive_http(url, jobs, width, failed))
+            row = {"run": f"HTTP round {index + 1}", "per_s": rate, "correct": good}
+            rows.append(row | {"failed": failed})
     finally:
         proc.terminate()
         proc.wait(60)

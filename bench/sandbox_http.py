@@ -3,7 +3,8 @@
 Starts `serve --workers 2 --http-port` on loopback, then alternates rounds of the same seeded
 no-loops mix through `SandboxClient` (gRPC) and through aiohttp posting `/run_code`, at the same
 number in flight, checking every answer; a cold `python -c` of the same snippets at the same
-concurrency is measured in the same run (machine speed varies). Prints a table, writes JSON.
+concurrency is measured in the same run (machine speed varies). Prints a table and a line for
+each answer that was not as expected (what it got back), writes JSON (the same, under `failed`).
 
     uv run python bench/sandbox_http.py --calls 400 --rounds 2 --json bench/results/sandbox_http.json
 """
@@ -43,6 +44,9 @@ def main() -> None:
         correct = "" if row["correct"] is None else f"{row['correct']}/{args.calls}"
         print(f"{row['run']:<16} {row['per_s']:>12.1f} {correct:>9}")
     print(f"HTTP / gRPC (best rounds): {http_rate / grpc_rate:.0%}")
+    for row in rows:
+        for seen in row.get("failed", []):
+            print(f"not as expected in {row['run']}: {seen}")
     report = {"calls": args.calls, "concurrency": args.concurrency, "rows": rows}
     report["http_over_grpc"] = http_rate / grpc_rate
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

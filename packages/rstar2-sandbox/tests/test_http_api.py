@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def base() -> Iterator[str]:
+def served() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The server's base URL and its process."""
     argv = [str(BIN), "serve", "--port", "0", "--http-port", "0", "--workers", "1"]
     argv += ["--http-max-body-bytes", str(4 << 20)]
     env = os.environ | {"RSTAR2_SANDBOX_TOKEN": TOKEN}
@@ -44,10 +46,20 @@ def base() -> Iterator[str]:
     if not address:
         proc.kill()
         pytest.fail(f"rstar2-sandbox serve did not start (exit {proc.wait()})")
-    yield f"http://{address}"
+    yield f"http://{address}", proc
     proc.terminate()
     proc.wait(30)
     proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def base(served: tuple[str, subprocess.Popen[str]]) -> str:
+    return served[0]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(k) for k in f.read().split()]
 
 
 def _post(
@@ -131,6 +143,41 @@ def test_stdin_files_and_fetch_files(base: str) -> None:
     again = _run(base, code="import os; print(sorted(os.listdir('.')))")
     left = again["run_result"]["stdout"]  # a checkout under /tmp shows as its mount point
     assert "out.bin" not in left and "'data'" not in left, left  # nothing of the last call
+
+
+def test_a_call_that_waits_for_its_fork_is_no_time_limit(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    """Issue 29: under load /run_code answered TimeLimitExceeded (with the right stdout) for
+    calls that used milliseconds of CPU, because their wait for the worker's zygote counted as
+    run time. Here the zygote is stopped past `run_timeout` while calls wait for it."""
+    base, proc = served
+    ((worker,),) = [_children(proc.pid)]  # --workers 1
+    ((zygote,),) = [_children(worker)]  # calls are the zygote's children, not the worker's
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def while_the_zygote_is_stopped() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            os.kill(zygote, signal.SIGSTOP)
+            try:
+                calls = [
+                    asyncio.ensure_future(
+                        client.post(
+                            base + "/run_code",
+                            json={"code": f"print({i})", "language": "python", "run_timeout": 1},
+                            headers=headers,
+                        )
+                    )
+                    for i in range(3)
+                ]
+                await asyncio.sleep(3.0)  # the worker checks deadlines at least once a second
+            finally:
+                os.kill(zygote, signal.SIGCONT)
+            return await asyncio.gather(*calls)
+
+    answers = [reply.json() for reply in asyncio.run(while_the_zygote_is_stopped())]
+    seen = [(a["status"], (a["run_result"] or {}).get("stdout")) for a in answers]
+    assert seen == [("Success", f"{i}\n") for i in range(3)], answers
 
 
 def test_auth_by_header_and_by_path_prefix(base: str) -> None:

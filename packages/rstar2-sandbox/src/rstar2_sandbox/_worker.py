@@ -8,11 +8,13 @@ zygote (`_zygote`), pid 1 of the new pid namespace, which pre-imports the maths 
 the calls. The worker never forks a call itself and the zygote never sees request data: for each
 call the worker puts the code and stdin in memfds, makes the output and result pipes, and passes
 the descriptors to the zygote; the zygote answers with a pidfd and later with the exit status.
-The wall clock starts when the call is handed over. The worker reads stdout and stderr up to the
-cap, kills the call at the deadline through its pidfd, renices calls that burn CPU, and treats
-every byte from a call as hostile: the result report is size-capped and validated
-(`_outcome.parse_report`), session frames too, and a failure while handling one call answers that
-call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live across
+The wall clock starts when the zygote forks the call (the time it reports in `started`): what a
+call waits for the zygote, which forks one call at a time and falls behind on a loaded host, is
+queue time (`queue_s`), never charged to the call's timeout. The worker reads stdout and stderr
+up to the cap, kills the call at the deadline through its pidfd, renices calls that burn CPU, and
+treats every byte from a call as hostile: the result report is size-capped and validated
+(`_outcome.parse_report`), session frames too, and a failure while handling one call answers
+that call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live across
 cells, one cell at a time, stopped (SIGSTOP) between cells, with a cumulative CPU budget
 (RLIMIT_CPU); closing one never waits for it.
 
@@ -25,6 +27,7 @@ import collections
 import contextlib
 import itertools
 import json
+import math
 import os
 import select
 import selectors
@@ -48,11 +51,12 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 @dataclass
 class _Call:
     id: int
-    started: float
-    deadline: float
+    started: float  # handed to the zygote; then its fork (`_forked`)
+    deadline: float  # math.inf until it is forked
     cap: int
     cpu_limit_s: float | None
     slot: int
+    timeout_s: float = 0.0
     fds: dict[int, str] = field(default_factory=dict)  # readable fd -> stdout | stderr | result
     data: dict[str, bytearray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
@@ -166,12 +170,13 @@ class Worker:
         call = _Call(
             id=msg["id"],
             started=started,
-            deadline=started + msg["timeout_s"],
+            deadline=math.inf,  # the clock starts at the fork (`_forked`)
             cap=msg["max_output"],
             cpu_limit_s=float(max(1, int(msg["timeout_s"] + 0.999))),
             slot=slot,
+            timeout_s=msg["timeout_s"],
             queue_s=started - msg["received"],
-            next_check=started + self.config["demote_after_s"],
+            next_check=math.inf,
         )
         (out_r, out_w), (err_r, err_w), (res_r, res_w) = os.pipe(), os.pipe(), os.pipe()
         source = msg["code"]
@@ -269,6 +274,14 @@ class Worker:
         _signal(call.pidfd, signal.SIGKILL)
 
     # --- the zygote's messages -----------------------------------------------------------------
+    def _forked(self, call: _Call, forked_s: float) -> None:
+        """Start the call's clock at its fork; its wait for the zygote becomes queue time."""
+        forked = max(call.started, forked_s)
+        call.queue_s += forked - call.started
+        call.started, call.deadline = forked, forked + call.timeout_s
+        if call.session is None:
+            call.next_check = forked + self.config["demote_after_s"]
+
     def _from_zygote(self) -> None:
         received = _zygote.receive(self.zygote)
         if received is None:
@@ -280,11 +293,14 @@ class Worker:
             if tag in self.calls:
                 call = self.calls[tag]
                 call.pidfd = pidfd  # its pid in our namespace is looked up if it runs long
+                self._forked(call, message["forked_s"])
                 if call.killed:
                     _signal(pidfd, signal.SIGKILL)
             elif tag in self.session_tags:
                 session = self.session_tags[tag]
                 session.pidfd = pidfd
+                if session.call is not None:  # the first cell waited for the fork too
+                    self._forked(session.call, message["forked_s"])
             else:  # closed or cancelled before it started
                 _signal(pidfd, signal.SIGKILL)
                 os.close(pidfd)
@@ -328,10 +344,11 @@ class Worker:
         session.call = _Call(
             id=msg["id"],
             started=started,
-            deadline=started + msg["timeout_s"],
+            deadline=started + msg["timeout_s"] if session.pidfd >= 0 else math.inf,
             cap=msg["max_output"],
             cpu_limit_s=None,
             slot=session.slot,
+            timeout_s=msg["timeout_s"],
             queue_s=started - msg["received"],
             session=session,
         )

@@ -6,8 +6,10 @@ freezes the GC, tries the per-call confinement once in a throwaway child, and sa
 socket (a SOCK_SEQPACKET pair with the worker). Then it only forks: each `fork` message carries the
 call's descriptors (SCM_RIGHTS: memfds holding the code and stdin, the output and result pipes, or
 a session's pipes) and its limits, never the code itself, so the zygote holds no request data and a
-call cannot find another call's code, stdin or output in its inherited memory. It answers `started`
-with a pidfd of the child (the worker kills and renices through it), reaps every child and reports
+call cannot find another call's code, stdin or output in its inherited memory. It forks one call at
+a time, so under load a call may wait here; it answers `started` with a pidfd of the child (the
+worker kills and renices through it) and the moment of the fork (CLOCK_MONOTONIC, where the
+worker starts the call's clock), reaps every child and reports
 `exited` with the wait status and the CPU time. When the worker goes away (its end of the socket
 closes, or PR_SET_PDEATHSIG fires) the zygote exits, and as pid 1 of the namespace takes every call
 with it: no call can outlive its worker, whatever it does to its own signals.
@@ -81,7 +83,7 @@ def _single_threaded() -> bool:
 # call it just forked, so each page it writes costs it a copy-on-write fault, and a JSON round
 # trip touches about 85 of them (bench/sandbox_profile.py; struct: about 10).
 _FORK = struct.Struct("!qBidq")  # tag, kind (0 once, 1 session), slot, cpu_s (NaN: none), memory
-_STARTED = struct.Struct("!qi")  # tag, pid
+_STARTED = struct.Struct("!qiq")  # tag, pid, fork time (CLOCK_MONOTONIC ns)
 _EXITED = struct.Struct("!qid")  # tag, wait status, cpu_s; a profile's stamps follow as JSON
 _KINDS = ("once", "session")
 
@@ -113,8 +115,8 @@ def _decode(data: bytes) -> dict[str, Any]:
         return {"op": "fork", "tag": tag, "kind": _KINDS[kind], "slot": slot, "cpu_s": cpu,
                 "memory_bytes": memory}  # fmt: skip
     if op == b"S":
-        tag, pid = _STARTED.unpack(body)
-        return {"op": "started", "tag": tag, "pid": pid}
+        tag, pid, forked = _STARTED.unpack(body)
+        return {"op": "started", "tag": tag, "pid": pid, "forked_s": forked / 1e9}
     if op == b"X":
         tag, status, cpu_s = _EXITED.unpack_from(body)
         message = {"op": "exited", "tag": tag, "status": status, "cpu_s": cpu_s}
@@ -230,6 +232,7 @@ class Zygote:
         try:
             if message.get("op") != "fork":
                 raise ValueError(f"unknown operation {message.get('op')!r}")
+            forked = _clock()
             pid = self.fork(message, fds)
         except (OSError, ValueError, KeyError) as exc:
             send(self.sock, {"op": "failed", "tag": message.get("tag"), "error": repr(exc)})
@@ -241,7 +244,7 @@ class Zygote:
         self.children[pid] = (message["tag"], pidfd)
         self.pids[pidfd] = pid
         self.poll.register(pidfd, select.EPOLLIN)
-        _sendmsg(self.sock, b"S" + _STARTED.pack(message["tag"], pid), [pidfd])
+        _sendmsg(self.sock, b"S" + _STARTED.pack(message["tag"], pid, forked), [pidfd])
         if self.stamps is not None:
             self.stamps.append(("zygote_started_sent", _clock(), time.process_time_ns(), 0))
             self.profiles[message["tag"]] = self.stamps[:]

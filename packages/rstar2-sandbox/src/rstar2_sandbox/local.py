@@ -241,7 +241,7 @@ class LocalSandbox:
         reasons = "; ".join(f"{name}: {unavailable.get(name, 'not enabled')}" for name in missing)
         return f"WEAK ISOLATION (started with allow_weak_isolation): missing {reasons}"
 
-    def worker_processes(self) -> list[tuple[int, str]]:
+    def worker_processes(self) -> list[tuple[int, int]]:
         """(pid, pid of its zygote) of each live worker, for monitoring and tests."""
         return [(h.ready["pid"], h.ready["zygote"]) for h in self._workers]
 
