@@ -51,7 +51,14 @@ from capacity import Capacity
 from rollout_sched import SCENARIOS
 
 from rstar2_rollout.config import SchedulerConfig
-from rstar2_rollout.research.asyncsim import AsyncConfig, RunResult, TrainModel, run_steps, run_sync
+from rstar2_rollout.research.asyncsim import (
+    AsyncConfig,
+    RunResult,
+    TrainModel,
+    overlap_bound_s,
+    run_steps,
+    run_sync,
+)
 from rstar2_rollout.research.simulate import EngineModel, Scenario
 
 # asynchronous over synchronous trajectories per second, at least (issue 30's contract)
@@ -80,8 +87,10 @@ def run_one(task: Task) -> dict[str, Any]:
     config = SchedulerConfig()  # least_requests
     if mode == "sync":
         r: RunResult = run_sync(scenario, config, train, run.steps, seed)
+        bound = {"overlap_bound_s": overlap_bound_s(r, train.weight_sync_s)}
+        bound["bound_trajectories_per_s"] = r.trained_trajectories / bound["overlap_bound_s"]
     else:
-        r = run_steps(scenario, config, train, run, seed)
+        r, bound = run_steps(scenario, config, train, run, seed), {}
     return {
         "scenario": name,
         "tp": tp,
@@ -103,29 +112,51 @@ def run_one(task: Task) -> dict[str, Any]:
         "staleness_counts": {str(k): v for k, v in r.staleness_counts.items()},
         "max_staleness": run.max_staleness if mode == "async" else 0,
         "partial_rollout": run.partial_rollout if mode == "async" else False,
+        "cap_unit": run.cap_unit if mode == "async" else None,
+        "inflight_steps": run.inflight_steps if mode == "async" else None,
         "idle_share": r.idle_share,
         "preempted_requests": r.preempted_requests,
+        # where the time went: per engine (mean), then the trainer; seconds over the run
+        "first_ready_s": r.steps[0].ready_s,
+        "engine_busy_s": r.engine_busy_s,
+        "engine_recompute_s": r.recompute_s,
+        "engine_paused_s": r.engine_paused_s,
+        "engine_idle_s": r.engine_idle_s,
+        "decoded_tokens": r.decoded_tokens,
+        "trained_decoded_tokens": r.trained_decoded_tokens,
+        "trainer_train_s": r.trainer_train_s,
+        "trainer_push_s": r.trainer_push_s,
+        "trainer_idle_s": r.trainer_idle_s,
+        "abort_recompute_s": r.abort_recompute_s,
+        **bound,
         "wall_s": time.perf_counter() - start,
     }
 
 
-def summarize(rows: list[dict[str, Any]]) -> None:
-    print(
-        f"{'scenario':12} {'tp':>2} {'sync traj/s':>11} {'async traj/s':>12} {'async/sync':>16}"
-        f" {'staleness':>9} {'dropped':>13} {'target':>6}"
-    )
-    cells = dict.fromkeys((r["scenario"], r["tp"]) for r in rows)
-    for name, tp in cells:
+def _cells(rows: list[dict[str, Any]]) -> list[tuple[str, int, list[tuple[dict, dict]]]]:
+    """Per (scenario, TP): the (sync, async) rows of each seed that has both."""
+    out = []
+    for name, tp in dict.fromkeys((r["scenario"], r["tp"]) for r in rows):
         by = {(r["mode"], r["seed"]): r for r in rows if (r["scenario"], r["tp"]) == (name, tp)}
         seeds = sorted({s for _, s in by})
         pairs = [
             (by["sync", s], by["async", s])
             for s in seeds
-            if ("sync", s) in by and ("async", s) in by
+            if {("sync", s), ("async", s)} <= by.keys()
         ]
-        if not pairs:
-            continue
+        out.append((name, tp, pairs))
+    return out
+
+
+def summarize(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'scenario':12} {'tp':>2} {'sync traj/s':>11} {'async traj/s':>12} {'async/sync':>16}"
+        f" {'bound/sync':>10} {'staleness':>9} {'dropped':>13} {'target':>6}"
+    )
+    cells = [c for c in _cells(rows) if c[2]]
+    for name, tp, pairs in cells:
         ratios = [a["trajectories_per_s"] / s["trajectories_per_s"] for s, a in pairs]
+        bounds = [s["bound_trajectories_per_s"] / s["trajectories_per_s"] for s, _ in pairs]
         dropped = sum(a["dropped_trajectories"] for _, a in pairs)
         admitted = sum(a["admitted_trajectories"] for _, a in pairs)
         target = TARGETS.get(name, 1.0)
@@ -133,10 +164,40 @@ def summarize(rows: list[dict[str, Any]]) -> None:
             f"{name:12} {tp:>2} {statistics.fmean(s['trajectories_per_s'] for s, _ in pairs):>11.2f}"
             f" {statistics.fmean(a['trajectories_per_s'] for _, a in pairs):>12.2f}"
             f" {' / '.join(f'{x:.2f}' for x in ratios):>16}"
+            f" {statistics.fmean(bounds):>10.2f}"
             f" {statistics.fmean(a['mean_staleness'] for _, a in pairs):>9.2f}"
             f" {f'{dropped:,} ({dropped / admitted:.1%})':>13}"
             f" {('met' if min(ratios) >= target else 'MISSED') + f' {target}x':>6}"
         )
+    # where the time went, seconds per step (means over seeds): engines (per engine) then the
+    # trainer; 'waste' = engine work on tokens no trained trajectory used (dropped, unfinished)
+    print(
+        f"\n{'scenario':12} {'tp':>2} {'mode':5} {'step_s':>6} {'bound':>6} {'1st_ready':>9}"
+        f" {'busy':>5} {'recomp':>6} {'waste':>5} {'paused':>6} {'idle':>5} {'tr_idle':>7}"
+        f" {'preempt':>8}"
+    )
+    for name, tp, pairs in cells:
+        for k, mode in enumerate(("sync", "async")):
+            rs = [p[k] for p in pairs]
+
+            def per_step(key: str, rs: list[dict[str, Any]] = rs) -> float:
+                return statistics.fmean(r[key] / r["steps"] for r in rs)
+
+            waste = statistics.fmean(
+                r["engine_busy_s"]
+                * (1 - r["trained_decoded_tokens"] / r["decoded_tokens"])
+                / r["steps"]
+                for r in rs
+            )
+            bound = statistics.fmean(s["overlap_bound_s"] / s["steps"] for s, _ in pairs)
+            print(
+                f"{name:12} {tp:>2} {mode:5} {per_step('seconds'):>6.0f} {bound:>6.0f}"
+                f" {statistics.fmean(r['first_ready_s'] for r in rs):>9.0f}"
+                f" {per_step('engine_busy_s'):>5.0f} {per_step('engine_recompute_s'):>6.1f}"
+                f" {waste:>5.0f} {per_step('engine_paused_s'):>6.0f}"
+                f" {per_step('engine_idle_s'):>5.0f} {per_step('trainer_idle_s'):>7.0f}"
+                f" {statistics.fmean(r['preempted_requests'] for r in rs):>8.0f}"
+            )
 
 
 def main() -> None:
@@ -150,10 +211,20 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=64, help="engines at TP=1 (GPUs)")
     parser.add_argument("--prompts", type=int, default=512, help="groups per step")
     parser.add_argument("--samples", type=int, default=32, help="trajectories per group (2G)")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--max-staleness", type=int, default=1)
+    default = AsyncConfig()
+    parser.add_argument("--steps", type=int, default=default.steps)
+    parser.add_argument("--max-staleness", type=int, default=default.max_staleness)
     parser.add_argument(
-        "--inflight", type=int, help="unfinished trajectories (default: prompts x samples)"
+        "--cap-unit",
+        choices=["trajectories", "groups"],
+        default=default.cap_unit,
+        help="what the in-flight cap counts: unfinished trajectories or unfinished groups",
+    )
+    parser.add_argument(
+        "--inflight-steps",
+        type=float,
+        default=default.inflight_steps,
+        help="the cap in steps' worth: x prompts x samples trajectories, or x prompts groups",
     )
     parser.add_argument(
         "--no-partial", action="store_true", help="a push waits for every trajectory"
@@ -172,9 +243,11 @@ def main() -> None:
     if args.train_gpus is not None and args.train_gpus <= 0:
         parser.error("--train-gpus must be positive")
     train = train_model(args.train_gpus or args.engines)
-    if args.inflight is not None and args.inflight <= 0:
-        parser.error("--inflight must be positive")
-    run = AsyncConfig(args.steps, args.max_staleness, not args.no_partial, args.inflight)
+    if args.inflight_steps <= 0:
+        parser.error("--inflight-steps must be positive")
+    run = AsyncConfig(
+        args.steps, args.max_staleness, not args.no_partial, args.cap_unit, args.inflight_steps
+    )
     derive = EngineModel.qwen3_14b_h100 if args.gpu == "h100" else EngineModel.qwen3_14b_mi300x
 
     tasks: list[Task] = []
