@@ -100,12 +100,14 @@ class TrainModel:
 
 @dataclass(frozen=True)
 class AsyncConfig:
+    # defaults: the best of six settings on tuning seeds 21-23 (stage3 and stage3_late at TP=1,
+    # 1/8 scale, bench/rollout_async.py; SCHEDULER.md, "Asynchronous steps, simulated")
     steps: int = 10
-    max_staleness: int = 1  # versions; 0 with partial_rollout=False is the synchronous step
+    max_staleness: int = 2  # versions; 0 with partial_rollout=False is the synchronous step
     partial_rollout: bool = True  # False: a push waits until no trajectory is running
     # what the in-flight cap counts: unfinished trajectories, or unfinished groups (a group
     # holds its place until its last trajectory ends)
-    cap_unit: Literal["trajectories", "groups"] = "trajectories"
+    cap_unit: Literal["trajectories", "groups"] = "groups"
     # the cap, in steps' worth: inflight_steps x B x 2G trajectories, or x B groups
     inflight_steps: float = 1.0
 
