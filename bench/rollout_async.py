@@ -1,6 +1,9 @@
 """Asynchronous against synchronous RL steps on the calibrated rollout simulator (issue 30 item 5).
 
     uv run python bench/rollout_async.py --seeds 11 12 13 --json OUT.json       # the contract
+    uv run python bench/rollout_async.py --seeds 11 12 13 --engines 8 --prompts 64 --jobs 2 \
+        --json bench/results/rollout_async.json                   # committed: 1/8 scale
+    uv run python bench/rollout_async.py --seeds 21 22 23 24 25 --partial-check OUT.json
     uv run python bench/rollout_async.py --seeds 11 --engines 16 --prompts 128 --json OUT.json
 
 Each row plays `--steps` (10) RL steps of one scenario (stage1, stage3, stage3_late: the
@@ -14,10 +17,12 @@ default policy) over `SimEngine`s, on a virtual clock (`rstar2_rollout.research.
 - `async`: bounded-staleness asynchronous training with partial rollouts: a group of 2G enters a
   batch only whole, a step trains the first `--prompts` groups to finish, unfinished
   trajectories keep their place and continue with the new weights after the push (each engine
-  pauses for it between two of its steps), groups older than `--max-staleness` (1) versions are
-  dropped and counted, and new prompts are admitted as trajectories finish (at most
-  `--inflight` unfinished trajectories, default prompts x samples: a synchronous step's load)
-  while AReaL's rule allows (at most (version + max_staleness + 1) x prompts groups admitted).
+  pauses for it between two of its steps), groups older than `--max-staleness` versions are
+  dropped and counted, and new prompts are admitted as trajectories finish while the in-flight
+  cap (`--cap-unit` groups or trajectories, `--inflight-steps` steps' worth of them) and
+  AReaL's rule (at most (version + max_staleness + 1) x prompts groups admitted) allow.
+  Defaults are `AsyncConfig`'s: groups, 1.0, max_staleness 2, chosen on tuning seeds 21-23
+  (bench/results/rollout_async_tuning.json), never on the reporting seeds 11-13.
 
 Trainer time per step, from bench/capacity.py's `Capacity` defaults (assumed numbers for
 Qwen3-14B on MI300X, none measured here): `update_gpu_us_per_token` 240 GPU-us per kept token,
@@ -30,8 +35,15 @@ throughout (in sync mode they are idle anyway).
 Writes `{"setup": ARGS, "train_model": {...}, "rows": [{"scenario", "tp", "seed", "mode",
 "trajectories_per_s", "mean_staleness", ...extras}]}`; trajectories_per_s counts the 2G
 trajectories of every group that entered a batch over the time the last step's push ended.
+Extras itemise the run's time (`RunResult`): per engine busy (of it recompute after preemption),
+paused for pushes, idle; trainer idle; tokens written against tokens trained; what aborting the
+running turns at each push would add in re-prefill (`abort_recompute_s`, computed from the KV
+held, not simulated); sync rows carry `overlap_bound_s`, the shortest run their trajectories'
+perfectly packed engine work and the trainer allow (`asyncsim.overlap_bound_s`).
 Prints the rows, then per scenario and TP: sync and async trajectories per second (mean over
-seeds), async / sync per seed, mean staleness and dropped trajectories. Full scale takes 10-50 s
+seeds), async / sync per seed, bound / sync, mean staleness and dropped trajectories; then
+seconds per step itemised. `--partial-check OUT` instead simulates bench/rollout_partial.py's
+two-engine setup and prints it beside the measurement. Full scale takes 10-50 s
 of wall time per simulated step on a 2-core box; `--engines 16 --prompts 128` keeps the
 rollouts per engine and the trainer's share and runs about 4x faster.
 """

@@ -100,7 +100,7 @@ class TrainModel:
 
 @dataclass(frozen=True)
 class AsyncConfig:
-    # defaults: the best of six settings on tuning seeds 21-23 (stage3 and stage3_late at TP=1,
+    # defaults: the best of five settings on tuning seeds 21-23 (stage3 and stage3_late at TP=1,
     # 1/8 scale, bench/rollout_async.py; SCHEDULER.md, "Asynchronous steps, simulated")
     steps: int = 10
     max_staleness: int = 2  # versions; 0 with partial_rollout=False is the synchronous step
