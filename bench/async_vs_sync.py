@@ -31,19 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from roc_vs_grpo import (
-    held_out_of_sft,
-    interval,
-    read_metrics,
-    run_logged,
-    sft_policy,
-    trainer,
-)
+from roc_vs_grpo import interval, read_metrics, run_arms
 
 SHARED = ["run.checkpoint_every=10"]
 ARMS = {
@@ -108,29 +100,6 @@ def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
             )
 
 
-def rl_run(recipe: str, overrides: list[str], policy: Path, arm: str, seed: int, work: Path) -> int:
-    """One arm and seed from the SFT policy; skipped when finished, resumed when started."""
-    run_dir = work / f"{arm}-s{seed}"
-    if (run_dir / "policy" / "config.json").is_file():
-        return 0
-    if (run_dir / "config.yaml").is_file():
-        cmd = trainer("--resume", str(run_dir))
-    else:
-        cmd = trainer(
-            recipe,
-            *overrides,
-            f"model={{kind: pretrained, path: {policy.resolve()}}}",
-            "sft.enabled=false",
-            f"run.seed={seed}",
-            "run.threads=1",
-            f"run.name={arm}-s{seed}",
-            f"run.output_dir={run_dir}",
-            *held_out_of_sft(work),
-            *ARMS[arm],
-        )
-    return run_logged(cmd, work / f"{arm}-s{seed}.log")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description="partial rollouts vs synchronous steps")
     parser.add_argument("recipe", nargs="?", default="tiny")
@@ -144,16 +113,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if not args.report_only:
-        policy = sft_policy(args.recipe, args.overrides, args.work)
-        with ThreadPoolExecutor(args.jobs) as pool:  # seed by seed, both arms of a seed at once
-            futures = [
-                pool.submit(rl_run, args.recipe, args.overrides, policy, arm, seed, args.work)
-                for seed in args.seeds
-                for arm in ARMS
-            ]
-            codes = [f.result() for f in futures]
-        if any(codes):
-            print("some runs failed; the JSON holds the finished ones", file=sys.stderr)
+        run_arms(args.recipe, args.overrides, ARMS, args.seeds, args.jobs, args.work)
     arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     for arm in ARMS:
         for seed in args.seeds:

@@ -261,8 +261,10 @@ def rl_run(
     seed: int,
     work: Path,
     eval_samples: int | None = None,
+    arms: dict[str, list[str]] = ARMS,
 ) -> int:
-    """One arm and seed from the SFT policy; skipped when finished, resumed when started."""
+    """One arm (its overrides in `arms`) and seed from the SFT policy; skipped when finished,
+    resumed when started."""
     run_dir = work / f"{arm}-s{seed}"
     if (run_dir / "policy" / "config.json").is_file():
         return 0
@@ -279,9 +281,32 @@ def rl_run(
             f"run.name={arm}-s{seed}",
             f"run.output_dir={run_dir}",
             *held_out_of_sft(work, eval_samples),
-            *ARMS[arm],
+            *arms[arm],
         )
     return run_logged(cmd, work / f"{arm}-s{seed}.log")
+
+
+def run_arms(
+    recipe: str,
+    overrides: list[str],
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    jobs: int,
+    work: Path,
+    eval_samples: int | None = None,
+) -> None:
+    """SFT once, then every arm and seed from its policy, `jobs` runs at once (seed by seed, the
+    arms of a seed together, so they share the machine's load)."""
+    policy = sft_policy(recipe, overrides, work)
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = [
+            pool.submit(rl_run, recipe, overrides, policy, arm, seed, work, eval_samples, arms)
+            for seed in seeds
+            for arm in arms
+        ]
+        codes = [f.result() for f in futures]
+    if any(codes):
+        print("some runs failed; the JSON holds the finished ones", file=sys.stderr)
 
 
 def main() -> int:
@@ -303,25 +328,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     if not args.report_only:
-        policy = sft_policy(args.recipe, args.overrides, args.work)
-        with ThreadPoolExecutor(args.jobs) as pool:  # seed by seed, both arms of a seed at once
-            futures = [
-                pool.submit(
-                    rl_run,
-                    args.recipe,
-                    args.overrides,
-                    policy,
-                    arm,
-                    seed,
-                    args.work,
-                    args.eval_samples,
-                )
-                for seed in args.seeds
-                for arm in ARMS
-            ]
-            codes = [f.result() for f in futures]
-        if any(codes):
-            print("some runs failed; the JSON holds the finished ones", file=sys.stderr)
+        run_arms(
+            args.recipe, args.overrides, ARMS, args.seeds, args.jobs, args.work, args.eval_samples
+        )
     arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     for arm in ARMS:
         for seed in args.seeds:
