@@ -105,6 +105,7 @@ def test_abort_at_push_resumes_the_turn_on_the_new_weights_and_wait_does_not(
     # wait: the push waits for the turn, whose every token is on the old weights.
     assert wait_events == ["turn ended", "push returned"]
     assert waited.versions == [v_wait] * len(waited.response_ids)
+    assert waited.resumed_turns == 0
 
     # abort: the push returns first; the turn is one response with an old prefix, a new suffix.
     assert abort_events == ["push returned", "turn ended"]
@@ -113,6 +114,7 @@ def test_abort_at_push_resumes_the_turn_on_the_new_weights_and_wait_does_not(
     cut = aborted.versions.index(v0 + 1)
     assert 40 <= cut < BUDGET
     assert aborted.versions == [v0] * cut + [v0 + 1] * (BUDGET - cut)
+    assert aborted.resumed_turns == 1
     prefix, suffix = aborted.response_ids[:cut], aborted.response_ids[cut:]
     assert prefix == waited.response_ids[:cut]  # the same greedy turn until the push
 
