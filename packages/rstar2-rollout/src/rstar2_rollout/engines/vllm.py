@@ -482,6 +482,7 @@ class VLLMEngine(StreamingUpdates):
             )
             loop.call_soon_threadsafe(_settle, future, stopped)
         self._internal.clear()
+        self._publish_progress()  # nothing runs now
 
     def _fail_all(self) -> None:
         reason = self._error or f"engine {self.name} closed"
