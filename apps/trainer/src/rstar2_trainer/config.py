@@ -33,6 +33,7 @@ from rstar2_rollout import (
     VLLMEngineConfig,
 )
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
+from rstar2_trainer.asyncsteps import AsyncConfig, check_async
 from rstar2_trainer.placement.config import ClusterConfig, RemoteRolloutConfig
 from rstar2_verify import VerifyConfig
 
@@ -356,24 +357,6 @@ class InitConfig(_Section):
     )
 
 
-class AsyncConfig(_Section):
-    """Steps that do not wait for the slowest trajectory (issue #30): partial rollouts with local
-    engines or split placement, generating while the policy trains (trainer README, "Asynchronous
-    steps"). What is not built is refused in one line, not silently ignored."""
-
-    max_staleness: int = Field(
-        default=0,
-        ge=0,
-        description="How many weight versions older than the trainer's a trained group's oldest "
-        "token may be (older groups are dropped and counted); 0 is synchronous.",
-    )
-    partial_rollout: bool = Field(
-        default=False,
-        description="Train on the first groups that finish; the rest go on generating during "
-        "the update and the sync (needs max_staleness >= 1; not colocated, not remote).",
-    )
-
-
 class TrainerConfig(_Section):
     """Everything `rstar2-train` needs, one section per package or phase."""
 
@@ -484,35 +467,7 @@ class TrainerConfig(_Section):
 
     @model_validator(mode="after")
     def _async_is_what_is_built(self) -> TrainerConfig:
-        steps = self.async_
-        colocated = self.cluster is not None and self.cluster.colocate
-        if steps.max_staleness > 0 and colocated and not steps.partial_rollout:
-            raise ValueError(
-                "async.max_staleness > 0 with cluster.colocate needs async.partial_rollout: true "
-                "(colocated engines and ranks share the GPUs: only partial rollouts overlap)"
-            )
-        if steps.max_staleness > 0 and not steps.partial_rollout:
-            raise ValueError(
-                "async.max_staleness > 0 without async.partial_rollout (generation during "
-                "training) is not implemented yet; set async.partial_rollout: true"
-            )
-        if not steps.partial_rollout:
-            return self
-        if steps.max_staleness == 0:
-            raise ValueError(
-                "async.partial_rollout needs async.max_staleness >= 1 (a group carried over a "
-                "weight sync is one version behind); set async.max_staleness: 1"
-            )
-        if colocated:
-            raise ValueError(
-                "async.partial_rollout with cluster.colocate is not implemented yet (the engines "
-                "sleep while the ranks train, with turns in flight); set cluster.colocate: false"
-            )
-        if self.remote is not None:
-            raise ValueError(
-                "async.partial_rollout with remote rollout services is not implemented yet "
-                "(their weight update waits for open streams); set async.partial_rollout: false"
-            )
+        check_async(self)
         return self
 
     @model_validator(mode="after")
@@ -571,6 +526,7 @@ class TrainerConfig(_Section):
             model=model_dir,
             max_model_len=context_tokens(self),
             seed=self.run.seed + replica,
+            at_push=self.async_.at_push,
             **placement,
         )
 

@@ -20,7 +20,8 @@ first). Trajectories come from `parts.source` (local engines or remote rollout s
 Weights versions: `Run.weights_version` counts the pushes (`sync`) of this process, and each
 engine counts the updates it loaded since it started, so the two agree; every step logs the
 rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a trajectory's
-oldest token version; 0 in a synchronous run) and `staleness_unknown` (no version known).
+oldest token version; 0 in a synchronous run), `staleness_unknown` (no version known) and
+`turns_resumed` (turns aborted at a push and resumed on the new weights, `async.at_push`).
 
 Partial rollouts (`async.partial_rollout`; local engines or split placement, where the engine
 actors generate while the ranks train): a step submits its batch to the run's

@@ -74,6 +74,11 @@ class VLLMEngineConfig(_EngineConfig):
         gt=0,
         description="Weight sync: bytes (in the engine's dtype) sent and loaded at a time.",
     )
+    at_push: Literal["wait", "abort"] = Field(
+        default="wait",
+        description="At a weight update: wait for the running turns to end on the old weights, "
+        'or abort them (their tokens so far come back "interrupted"; the loop resumes them).',
+    )
 
 
 class HFEngineConfig(_EngineConfig):

@@ -37,13 +37,17 @@ class Generation:
     """What one call produced: the new token ids, their logprobs, and why it stopped.
 
     `weights_version` is the version of the weights every token was sampled with: the engine's
-    count of weight updates finished since it started (an engine drains its running requests
-    before an update, so one call never spans two versions); None where the engine cannot tell
-    (an HTTP endpoint, a failed call)."""
+    count of weight updates finished since it started (one call never spans two versions);
+    None where the engine cannot tell (an HTTP endpoint, a failed call).
+
+    "interrupted": an engine set to abort at a weight push (`at_push: abort`) stopped the
+    request when an update began; `token_ids` and `logprobs` are what it sampled so far on
+    `weights_version`, and the caller continues the turn (prompt + these tokens, the remaining
+    budget), which then runs on the new weights. "abort" is any other abort (an error)."""
 
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: Literal["stop", "length", "abort", "error"] = "stop"
+    finish_reason: Literal["stop", "length", "interrupted", "abort", "error"] = "stop"
     error: str = ""
     weights_version: int | None = None
 

@@ -18,6 +18,10 @@ A turn ends with the model's stop token. Then:
   gets an explanatory tool response and outcome parse_error; every call gets one
   `<tool_response>` block in one user turn;
 - the turn hit the token budget (or the context limit): "max_length"; max turns: "max_turns";
+- the engine interrupted the turn at a weight push (`Generation` "interrupted", vLLM's
+  `at_push: abort`): its tokens so far are kept on the old version and the same turn goes on
+  from there (prompt + response so far, the rest of the turn's budget, a seed of its own) on
+  the new weights; one turn, one response, its tokens carrying two versions;
 - the engine failed, the sandbox raised, or a call came back `sandbox_error` (the sandbox, not the
   model, failed): "error" (the message is kept in `error`; trainers drop such trajectories).
 
@@ -36,12 +40,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from rstar2_rollout.chat import TOOL_NAME, ChatFormat, Tokenizer, system_prompt
 from rstar2_rollout.config import RolloutConfig
-from rstar2_rollout.engine import Engine, SamplingParams
+from rstar2_rollout.engine import Engine, Generation, SamplingParams
 from rstar2_rollout.toolcall import ToolCallRequest, parse_turn
 from rstar2_rollout.trajectory import ToolCallRecord, Trajectory, outcome_of
 from rstar2_sandbox import ExecutionRequest, ExecutionResult, ExecutionStatus, Sandbox
@@ -149,30 +153,13 @@ async def run_agent(
         if max_tokens <= 0:
             traj.finish_reason = "max_length"
             break
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            seed=derive_seed(config.seed, problem.id, sample_index, turn),
-            stop_token_ids=stop_ids,
-        )
-        started = time.perf_counter()
-        try:
-            gen = await engine.generate(
-                traj.prompt_ids + traj.response_ids, params, f"{rid}/{turn}"
-            )
-        except Exception as exc:
-            traj.finish_reason, traj.error = "error", f"{type(exc).__name__}: {exc}"
-            break
-        finally:
-            traj.timings.generate_s += time.perf_counter() - started
+        gen, turn_ids = await _generate_turn(engine, traj, config, max_tokens, stop_ids, turn, rid)
         traj.turns += 1
-        traj.append(gen.token_ids, sampled=True, logprobs=gen.logprobs, version=gen.weights_version)
         if gen.finish_reason in ("error", "abort"):
             traj.finish_reason = "error"
             traj.error = gen.error or f"engine {engine.name}: request {gen.finish_reason}"
             break
-        parsed = parse_turn(fmt.tokenizer.decode(gen.token_ids, skip_special_tokens=False))
+        parsed = parse_turn(fmt.tokenizer.decode(turn_ids, skip_special_tokens=False))
         traj.answer_blocks += len(parsed.answers)
         if parsed.answers:
             traj.final_answer = parsed.answers[-1]
@@ -206,6 +193,46 @@ async def run_agent(
     else:
         traj.finish_reason = "max_turns"
     return traj
+
+
+async def _generate_turn(
+    engine: Engine,
+    traj: Trajectory,
+    config: RolloutConfig,
+    max_tokens: int,
+    stop_ids: tuple[int, ...],
+    turn: int,
+    rid: str,
+) -> tuple[Generation, list[int]]:
+    """Sample one turn into `traj`: its last generation and every id it sampled. A generation
+    "interrupted" at a weight push is kept (its tokens on the old version) and continued from
+    where it stopped with the rest of the turn's `max_tokens`; no other outcome repeats."""
+    turn_ids: list[int] = []
+    part = 0
+    while True:
+        key = (turn,) if part == 0 else (turn, part)
+        params = SamplingParams(
+            max_tokens=max_tokens - len(turn_ids),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=derive_seed(config.seed, traj.group_id, traj.sample_index, *key),
+            stop_token_ids=stop_ids,
+        )
+        started = time.perf_counter()
+        request = f"{rid}/{turn}" if part == 0 else f"{rid}/{turn}.{part}"
+        try:
+            gen = await engine.generate(traj.prompt_ids + traj.response_ids, params, request)
+        except Exception as exc:
+            gen = Generation([], finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            traj.timings.generate_s += time.perf_counter() - started
+        traj.append(gen.token_ids, sampled=True, logprobs=gen.logprobs, version=gen.weights_version)
+        turn_ids += gen.token_ids
+        if gen.finish_reason != "interrupted":
+            return gen, turn_ids
+        if len(turn_ids) >= max_tokens:  # stopped on its last token: the budget is spent
+            return replace(gen, finish_reason="length"), turn_ids
+        part += 1
 
 
 async def _run_calls(

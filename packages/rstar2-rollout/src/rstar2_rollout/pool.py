@@ -8,9 +8,11 @@ returns at once; `next_batch(groups, version)` returns the first `groups` groups
 every other group running on the engines, to finish during a later call.
 
 - Versions: nothing here sets them. A trajectory still running when the caller pushes new
-  weights goes on turn by turn; the engine tags each turn's tokens with the weights it ran on
+  weights goes on; the engine tags the tokens with the weights they ran on
   (`Generation.weights_version`), so a carried trajectory's later tokens carry the new version.
-  An engine drains its running turns before an update, so no turn spans two versions.
+  At a push a vLLM engine either finishes its running turns on the old weights first
+  (`at_push: wait`, the push waits for them) or aborts them, and the loop resumes each on the
+  new weights from where it stopped (`at_push: abort`: one turn then spans two versions).
 - Staleness: a finished group whose oldest token is more than `max_staleness` versions behind
   `version` (the trainer's, passed to `next_batch`) is dropped, counted in `stale_dropped`, and
   `next_batch` waits for another in its place. Groups with no known version are kept.
@@ -28,9 +30,8 @@ every other group running on the engines, to finish during a later call.
 other work, e.g. an update, to see what finished meanwhile).
 
 `next_batch` returns fewer groups only when nothing is left running. A grading error is raised by
-the `next_batch` that would have returned its group. Not covered: aborting a running turn at a
-weight update (the engine finishes it on the old weights), cancelling one group of a submission
-(streams end whole), and weights (the caller pushes them).
+the `next_batch` that would have returned its group. Not covered: cancelling one group of a
+submission (streams end whole), and weights (the caller pushes them).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Versions: `versions[i]` is the weights version token i was sampled with (the eng
 engine could not tell. `oldest_version` is the smallest known one (None: none known). A
 trajectory's staleness at a training step is the trainer's version minus its oldest;
 `staleness_stats` summarises it over a batch (`staleness_mean`, `staleness_max`, and
-`staleness_unknown`: trajectories without a known version, e.g. from an HTTP endpoint). The
+`staleness_unknown`: trajectories without a known version, e.g. from an HTTP endpoint, and
+`turns_resumed`: turns aborted at a weight push and resumed, `resumed_turns` summed). The
 gRPC wire carries versions (`Trajectory.versions` in rollout.proto).
 
 Tool outcomes, one per `<tool_call>` block the model wrote:
@@ -111,6 +112,14 @@ class Trajectory:
         """The oldest weights version any of its tokens was sampled with; None if none known."""
         return min((v for v in self.versions if v >= 0), default=None)
 
+    @property
+    def resumed_turns(self) -> int:
+        """Turns resumed on new weights after an abort at a push: two adjacent sampled tokens
+        of different known versions (turns are separated by unsampled template tokens)."""
+        v, m = self.versions, self.loss_mask
+        pairs = zip(v[:-1], v[1:], m[:-1], m[1:], strict=True)
+        return sum(1 for a, b, x, y in pairs if x and y and a >= 0 and b >= 0 and a != b)
+
     def append(
         self,
         token_ids: Sequence[int],
@@ -162,10 +171,11 @@ class Trajectory:
 def staleness_stats(trajectories: Sequence[Trajectory], version: int) -> dict[str, float]:
     """Staleness at trainer weights `version` (its version minus each trajectory's oldest):
     mean and max over the trajectories with a known version (0.0 when none), and how many had
-    none (`staleness_unknown`)."""
+    none (`staleness_unknown`); `turns_resumed`, the turns resumed after an abort at a push."""
     ages = [version - v for v in (t.oldest_version for t in trajectories) if v is not None]
     return {
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": float(max(ages, default=0)),
         "staleness_unknown": float(len(trajectories) - len(ages)),
+        "turns_resumed": float(sum(t.resumed_turns for t in trajectories)),
     }

@@ -2,14 +2,15 @@
 
 `StreamingUpdates` is the half of `VLLMEngine` that loads weights (the `StreamingEngine`
 capability); `vllm.py` holds the rest and re-exports what is here. A session runs on the engine
-thread, after the requests submitted before it: `begin_weights` starts vLLM 0.32's layerwise
-reload (`initialize_layerwise_reload`) on every worker, `load_weights(bucket)` runs the model's
-own `load_weights` on one bucket, `finish_weights` finalises the pending layers, resets the
-runner's LoRA/encoder/multimodal state and the prefix cache, counts the new weights version
-(`weights_version`: +1 per finished session, a failed one included, as its weights changed too)
-and releases the held requests. `update_weights(named)` is one session streamed in
-`weight_bucket_bytes` buckets cast lazily to the engine's dtype. The `_reload_*` functions run on
-vLLM's workers through `collective_rpc`.
+thread, after the requests submitted before it (`at_push: wait`), or at once with those requests
+aborted and answered "interrupted" with their tokens so far (`at_push: abort`): `begin_weights`
+starts vLLM 0.32's layerwise reload (`initialize_layerwise_reload`) on every worker,
+`load_weights(bucket)` runs the model's own `load_weights` on one bucket, `finish_weights`
+finalises the pending layers, resets the runner's LoRA/encoder/multimodal state and the prefix
+cache, counts the new weights version (`weights_version`: +1 per finished session, a failed one
+included, as its weights changed too) and releases the held requests. `update_weights(named)` is
+one session streamed in `weight_bucket_bytes` buckets cast lazily to the engine's dtype. The
+`_reload_*` functions run on vLLM's workers through `collective_rpc`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ class StreamingUpdates:
     _sleep_level: int | None
     _held: list[Any]
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
+    async def _call(self, fn: Callable[[], Any], *, drain: bool = True) -> Any:
+        raise NotImplementedError  # VLLMEngine's
+
+    def _interrupt(self) -> None:
         raise NotImplementedError  # VLLMEngine's
 
     def _handle(self, kind: str, item: Any) -> None:
@@ -69,10 +73,13 @@ class StreamingUpdates:
                 )
             if self._updating:
                 raise RuntimeError(f"engine {self.name} is already loading weights")
+            if abort:
+                self._interrupt()
             self._engine.collective_rpc(_reload_begin)
             self._updating = True
 
-        await self._call(begin)
+        abort = self.config.at_push == "abort"
+        await self._call(begin, drain=not abort)
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         tp = self.config.tensor_parallel_size > 1

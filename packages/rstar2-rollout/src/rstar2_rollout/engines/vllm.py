@@ -27,7 +27,11 @@ and reload weights from live tensors without serialising them.
   post-load processing and copy the result into the original storage, so CUDA graphs keep their
   pointers); `load_weights(bucket)` loads one bucket; `finish_weights` finalises the pending
   layers, resets the prefix cache (no KV of the old policy is served) and releases the held
-  requests. `update_weights(named)` is one session in `weight_bucket_bytes` buckets. Models must
+  requests. `update_weights(named)` is one session in `weight_bucket_bytes` buckets. With
+  `at_push: abort` (the config), `begin_weights` does not drain: it aborts every request in the
+  engine at once, between two steps, and answers each with its tokens and logprobs so far,
+  finish_reason "interrupted", on the old version (the agent loop continues the turn, which is
+  held until `finish_weights` and runs on the new weights). Models must
   have untied embeddings (a tied lm_head is left stale by the reload). A failed bucket ends the
   session (finalised) and raises: the engine then holds a mix of weights.
 - Logprobs are vLLM's "processed_logprobs" (`logprobs_mode`): the log-softmax of the logits the
@@ -69,6 +73,7 @@ collective group into the engine process, not into each TP worker).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import queue
 import re
@@ -306,13 +311,14 @@ class VLLMEngine(StreamingUpdates):
         await asyncio.to_thread(self._thread.join)
         self._engine.engine_core.shutdown()
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on the engine thread once the requests submitted before it have finished."""
+    async def _call(self, fn: Callable[[], Any], *, drain: bool = True) -> Any:
+        """Run `fn` on the engine thread once the requests submitted before it have finished
+        (`drain`) or at once, between two steps (then `fn` decides what the running ones do)."""
         if not self.alive:
             raise RuntimeError(f"engine {self.name} is not running: {self._error or 'closed'}")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._inbox.put(("call", (fn, loop, future)))
+        self._inbox.put(("call", (fn, loop, future, drain)))
         return await future
 
     # ---- the engine thread -------------------------------------------------------------------
@@ -367,8 +373,8 @@ class VLLMEngine(StreamingUpdates):
                 self._engine.abort_request([item])
                 self._internal = {k: v for k, v in self._internal.items() if v != item}
         elif kind == "call":
-            fn, loop, future = item
-            while self._engine.has_unfinished_requests():
+            fn, loop, future, drain = item
+            while drain and self._engine.has_unfinished_requests():
                 self._step()
             try:
                 result = fn()
@@ -451,6 +457,33 @@ class VLLMEngine(StreamingUpdates):
             generation = _generation(output, self.weights_version)
             loop.call_soon_threadsafe(_settle, future, generation)
 
+    def _interrupt(self) -> None:
+        """Abort every request in the engine; each caller gets its tokens so far ("interrupted",
+        on the current version) to continue after the update (`at_push: abort`)."""
+        from vllm.v1.engine import FinishReason
+
+        states = self._engine.output_processor.request_states
+        for internal, caller in list(self._internal.items()):
+            pending = self._pending.pop(caller, None)
+            state = states.get(internal)
+            output = None
+            if state is not None:  # what it sampled so far, cumulative (FINAL_ONLY requests)
+                output = state.make_request_output([], None, FinishReason.ABORT, None)
+            self._engine.abort_request([internal], internal=True)
+            if pending is None:
+                continue
+            loop, future = pending
+            if output is None:
+                stopped = Generation([], finish_reason="interrupted")
+            else:
+                stopped = _generation(output, self.weights_version)
+            stopped = dataclasses.replace(
+                stopped, finish_reason="interrupted", weights_version=self.weights_version
+            )
+            loop.call_soon_threadsafe(_settle, future, stopped)
+        self._internal.clear()
+        self._publish_progress()  # nothing runs now
+
     def _fail_all(self) -> None:
         reason = self._error or f"engine {self.name} closed"
         for loop, future in self._pending.values():
@@ -472,7 +505,7 @@ class VLLMEngine(StreamingUpdates):
                 failed = Generation([], finish_reason="error", error=reason)
                 loop.call_soon_threadsafe(_settle, future, failed)
             elif kind == "call":
-                _, loop, future = item
+                _, loop, future, _ = item
                 loop.call_soon_threadsafe(_settle_exception, future, RuntimeError(reason))
 
 

@@ -1,0 +1,79 @@
+"""The trainer's `async` section: steps that do not wait for the slowest trajectory (issue #30).
+
+`AsyncConfig` holds the settings (`max_staleness`, `partial_rollout`, `at_push`); `check_async`
+refuses, one line each, the combinations the trainer does not build (the trainer README,
+"Asynchronous steps", says what each does). `at_push: abort` reaches the engines through
+`TrainerConfig.engine_for`, which fills the vLLM engine's own `at_push`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rstar2_config import Section
+
+
+class AsyncConfig(Section):
+    """Steps that do not wait for the slowest trajectory (issue #30): partial rollouts with local
+    engines or split placement, generating while the policy trains (trainer README, "Asynchronous
+    steps"). What is not built is refused in one line, not silently ignored."""
+
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="How many weight versions older than the trainer's a trained group's oldest "
+        "token may be (older groups are dropped and counted); 0 is synchronous.",
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="Train on the first groups that finish; the rest go on generating during "
+        "the update and the sync (needs max_staleness >= 1; not colocated, not remote).",
+    )
+    at_push: Literal["wait", "abort"] = Field(
+        default="wait",
+        description="A turn running at a weight push ends on the old weights first (wait) or is "
+        "aborted and resumed on the new ones (abort: partial_rollout, vllm engines).",
+    )
+
+
+def check_async(config: Any) -> None:
+    """Raise ValueError (one line, with the fix) for an `async` section the trainer cannot run
+    with the rest of `config` (a `TrainerConfig`)."""
+    steps = config.async_
+    colocated = config.cluster is not None and config.cluster.colocate
+    if steps.max_staleness > 0 and colocated and not steps.partial_rollout:
+        raise ValueError(
+            "async.max_staleness > 0 with cluster.colocate needs async.partial_rollout: true "
+            "(colocated engines and ranks share the GPUs: only partial rollouts overlap)"
+        )
+    if steps.max_staleness > 0 and not steps.partial_rollout:
+        raise ValueError(
+            "async.max_staleness > 0 without async.partial_rollout (generation during "
+            "training) is not implemented yet; set async.partial_rollout: true"
+        )
+    if steps.at_push == "abort" and not (
+        steps.partial_rollout and getattr(config.engine_for("", 0), "at_push", "") == "abort"
+    ):
+        raise ValueError(
+            "async.at_push: abort needs async.partial_rollout and a vllm engine "
+            "(not set to engine.at_push: wait); set async.at_push: wait"
+        )
+    if not steps.partial_rollout:
+        return
+    if steps.max_staleness == 0:
+        raise ValueError(
+            "async.partial_rollout needs async.max_staleness >= 1 (a group carried over a "
+            "weight sync is one version behind); set async.max_staleness: 1"
+        )
+    if colocated:
+        raise ValueError(
+            "async.partial_rollout with cluster.colocate is not implemented yet (the engines "
+            "sleep while the ranks train, with turns in flight); set cluster.colocate: false"
+        )
+    if config.remote is not None:
+        raise ValueError(
+            "async.partial_rollout with remote rollout services is not implemented yet "
+            "(their weight update waits for open streams); set async.partial_rollout: false"
+        )
