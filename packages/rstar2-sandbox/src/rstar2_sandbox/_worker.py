@@ -29,7 +29,6 @@ import itertools
 import json
 import math
 import os
-import select
 import selectors
 import signal
 import socket
@@ -42,6 +41,7 @@ from typing import Any
 
 from rstar2_sandbox import _child, _confine, _profile, _zygote
 from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
+from rstar2_sandbox._pidfd import has_exited, outer_pid, signal_pidfd
 
 _CHUNK = 1 << 16
 _UID_SLOTS = 1000
@@ -84,24 +84,6 @@ class _Session:
     outgoing: bytearray = field(default_factory=bytearray)
     call: _Call | None = None
     waiting: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _outer_pid(pidfd: int) -> int:
-    with open(f"/proc/self/fdinfo/{pidfd}") as info:
-        for line in info:
-            if line.startswith("Pid:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _has_exited(pidfd: int) -> bool:
-    return pidfd >= 0 and bool(select.select([pidfd], [], [], 0)[0])
-
-
-def _signal(pidfd: int, signum: int) -> None:
-    if pidfd >= 0:
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(pidfd, signum)
 
 
 class Worker:
@@ -257,7 +239,7 @@ class Worker:
         call = self.calls.pop(tag, None)
         if call is None:
             return
-        _signal(call.pidfd, signal.SIGKILL)
+        signal_pidfd(call.pidfd, signal.SIGKILL)
         for fd in list(call.fds):
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.selector.unregister(fd)
@@ -271,7 +253,7 @@ class Worker:
     def kill(self, call: _Call, reason: str) -> None:
         if not call.killed:
             call.killed = reason
-        _signal(call.pidfd, signal.SIGKILL)
+        signal_pidfd(call.pidfd, signal.SIGKILL)
 
     # --- the zygote's messages -----------------------------------------------------------------
     def _forked(self, call: _Call, forked_s: float) -> None:
@@ -295,14 +277,14 @@ class Worker:
                 call.pidfd = pidfd  # its pid in our namespace is looked up if it runs long
                 self._forked(call, message["forked_s"])
                 if call.killed:
-                    _signal(pidfd, signal.SIGKILL)
+                    signal_pidfd(pidfd, signal.SIGKILL)
             elif tag in self.session_tags:
                 session = self.session_tags[tag]
                 session.pidfd = pidfd
                 if session.call is not None:  # the first cell waited for the fork too
                     self._forked(session.call, message["forked_s"])
             else:  # closed or cancelled before it started
-                _signal(pidfd, signal.SIGKILL)
+                signal_pidfd(pidfd, signal.SIGKILL)
                 os.close(pidfd)
         elif message["op"] == "exited":
             if tag in self.calls:
@@ -353,7 +335,7 @@ class Worker:
             session=session,
         )
         if session.stopped:
-            _signal(session.pidfd, signal.SIGCONT)
+            signal_pidfd(session.pidfd, signal.SIGCONT)
             session.stopped = False
         session.outgoing += struct.pack("!I", len(data)) + data
         self._flush_session(session)
@@ -414,7 +396,7 @@ class Worker:
             if session.waiting:
                 self.session_call(session.waiting.pop(0))
             else:  # frozen between cells: a thread it left running burns nothing
-                _signal(session.pidfd, signal.SIGSTOP)
+                signal_pidfd(session.pidfd, signal.SIGSTOP)
                 session.stopped = True
 
     def _session_exited(self, session: _Session, message: dict[str, Any]) -> None:
@@ -431,7 +413,7 @@ class Worker:
         """Kill and forget a session now; the zygote reaps it (nothing here waits)."""
         if self.sessions.get(session.name) is not session:
             return
-        _signal(session.pidfd, signal.SIGKILL)
+        signal_pidfd(session.pidfd, signal.SIGKILL)
         for fd in (session.from_child, session.to_child):
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(fd)
@@ -486,7 +468,7 @@ class Worker:
         is busy is left alone (demoting it would starve it into a false timeout).
         """
         if not call.pid:
-            call.pid = _outer_pid(call.pidfd)
+            call.pid = outer_pid(call.pidfd)
         if call.pid <= 0:  # it has exited (fdinfo says -1): nothing to demote
             call.demoted = True
             return
@@ -510,7 +492,7 @@ class Worker:
         for call in list(self.calls.values()):
             # A call that already exited and waits to be reaped is not a timeout: the worker
             # was late (busy or descheduled), not the call.
-            if now >= call.deadline and not call.killed and not _has_exited(call.pidfd):
+            if now >= call.deadline and not call.killed and not has_exited(call.pidfd):
                 self.kill(call, "timeout")
             elif not call.demoted and call.pidfd >= 0 and now >= call.next_check:
                 self._maybe_demote(call, now)
