@@ -149,7 +149,10 @@ def test_a_preset_on_the_wrong_data_names_the_missing_columns(tmp_path):
     with pytest.raises(DataError, match=r"preset verl.*'prompt', 'reward_model'.*answer, question"):
         load_problems(JsonlSource(path=path, preset="verl"))
     with pytest.raises(ValidationError, match="either `preset` or `fields`"):
-        ParquetSource(path="x.parquet", preset="verl", fields=FieldMap())
+        ParquetSource(path="x.parquet", preset="verl", fields=FieldMap(question="problem"))
+    # a written config (every field, the default mapping beside the preset) reads back
+    written = ParquetSource(path="x.parquet", preset="verl").model_dump()
+    assert ParquetSource.model_validate(written).preset == "verl"
 
 
 def test_instruction_wrappers_are_removed_and_other_text_kept():

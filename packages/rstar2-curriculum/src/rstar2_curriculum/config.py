@@ -42,7 +42,12 @@ class FieldMap(_Frozen):
 
 
 def _check_preset(source: Any) -> Any:
-    if source.preset is not None and "fields" in source.model_fields_set:
+    # A written config (the trainer's config.yaml) holds the default `fields` beside the preset.
+    if (
+        source.preset is not None
+        and "fields" in source.model_fields_set
+        and source.fields != FieldMap()
+    ):
         raise ValueError("give either `preset` or `fields`, not both")
     return source
 

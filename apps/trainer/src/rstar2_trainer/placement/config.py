@@ -110,7 +110,8 @@ class ClusterConfig(BaseModel):
                 f"cluster.gpus_per_engine to {self.gpus_per_train_worker} (engines with tensor "
                 "parallelism across ranks are not built yet)"
             )
-        if "engines_per_node" in self.model_fields_set:
+        # A written config.yaml holds every field: its default 1 comes back on `--resume`.
+        if "engines_per_node" in self.model_fields_set and self.engines_per_node != 1:
             raise ValueError(
                 "colocated, the engines are the training ranks' (one each): remove "
                 "cluster.engines_per_node"
