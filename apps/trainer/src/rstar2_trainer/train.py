@@ -24,17 +24,18 @@ oldest token version; 0 in a synchronous run), `staleness_unknown` (no version k
 `turns_resumed` (turns aborted at a push and resumed on the new weights, `async.at_push`).
 
 Partial rollouts (`async.partial_rollout`; local engines or split placement, where the engine
-actors generate while the ranks train): a step submits its batch to the run's
-`RolloutPool` and trains on the first `curriculum.batch_size` groups to finish, whichever step
-submitted them; the rest keep running into the next step (their later turns on the new weights),
-and groups more than `async.max_staleness` versions old are dropped. Every step logs
-`groups_trained`, `groups_carried`, `groups_dropped_stale` and `groups_drained`, and what the
-pool generated while the policy trained, counted at the engines and the pool around the update
-(`turns_during_train`, `tokens_during_train`, `groups_finished_during_train`): a driver policy
-trains on a worker thread then (policy.py), training ranks are awaited. A stage switch
-(its evaluation and hard-subset pass) and a checkpoint drain the pool first (cancel what runs,
-discard what waits), so a checkpoint never holds rollouts in flight and `--resume` restarts
-exactly where the uninterrupted run stood; carrying needs `run.checkpoint_every` > 1.
+actors generate while the ranks train, or colocated, where they sleep meanwhile): a step
+submits its batch to the run's `RolloutPool` and trains on the first `curriculum.batch_size`
+groups to finish, whichever step submitted them; the rest keep running into the next step (their
+later turns on the new weights), and groups more than `async.max_staleness` versions old are
+dropped. Every step logs `groups_trained`, `groups_carried`, `groups_dropped_stale` and
+`groups_drained`, and what the pool generated while the policy trained, counted at the engines
+and the pool around the update (`turns_during_train`, `tokens_during_train`,
+`groups_finished_during_train`): a driver policy trains on a worker thread then (policy.py),
+training ranks are awaited. A stage switch (its evaluation and hard-subset pass) and a
+checkpoint drain the pool first (cancel what runs, discard what waits), so a checkpoint never
+holds rollouts in flight and `--resume` restarts exactly where the uninterrupted run stood;
+carrying needs `run.checkpoint_every` > 1.
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
