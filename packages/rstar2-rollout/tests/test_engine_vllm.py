@@ -279,3 +279,35 @@ def test_tensor_parallel_2_equals_transformers_before_and_after_a_weight_sync(
         assert on_b != want.token_ids
     finally:
         runner.run(reference.update_weights(weights_a.items()))
+
+
+_ONE_THREAD = """
+import asyncio, sys, torch
+torch.set_num_threads(1)  # what the trainer's run.threads=1 does before it builds its engine
+from rstar2_rollout import SamplingParams, VLLMEngineConfig, build_engine
+async def main():
+    engine = build_engine(VLLMEngineConfig(
+        model=sys.argv[1], dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512))
+    params = SamplingParams(max_tokens=8, temperature=1.0)
+    outs = await asyncio.gather(*(engine.generate([5, 6, 7 + i], params, f"r{i}") for i in range(4)))
+    await engine.close()
+    print(",".join(o.finish_reason for o in outs))
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_an_engine_built_after_torch_set_num_threads_generates(tiny_model):
+    """A process with fewer torch threads than cores (the trainer's `run.threads=1`): the engine
+    thread plans and runs vLLM's CPU attention with the same count (it once planned with every
+    core and failed each batch: "thread_num (2 vs. 1)")."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_THREAD, str(tiny_model)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == ",".join(["length"] * 4)

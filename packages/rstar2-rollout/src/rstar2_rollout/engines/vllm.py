@@ -154,6 +154,12 @@ def _build_env(config: VLLMEngineConfig, on_cpu: bool):
                 os.environ[key] = value
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 class VLLMEngine(StreamingUpdates):
     """One vLLM engine replica in this process."""
 
@@ -194,7 +200,9 @@ class VLLMEngine(StreamingUpdates):
             logprobs_mode="processed_logprobs",  # tempered: what the trainer scores
             disable_log_stats=True,
         )
-        with _build_env(config, on_cpu=current_platform.is_cpu()):
+        on_cpu = current_platform.is_cpu()
+        threads = _torch_threads() if on_cpu else 0  # the process's, before vLLM binds its own
+        with _build_env(config, on_cpu=on_cpu):
             vllm_config = args.create_engine_config()
             self._engine = LLMEngine(
                 vllm_config,
@@ -224,6 +232,7 @@ class VLLMEngine(StreamingUpdates):
         self._error = ""
         self._stopped = False  # the engine thread has exited
         self._closed = False
+        self._torch_threads = threads  # set again on the engine thread (`_run`)
         self._thread = threading.Thread(target=self._run, name=f"{name}-steps", daemon=True)
         self._thread.start()
 
@@ -324,6 +333,17 @@ class VLLMEngine(StreamingUpdates):
     # ---- the engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        # OpenMP counts threads per calling thread: a new thread starts at the process default
+        # (OMP_NUM_THREADS or every core), not at the count the process set with
+        # `torch.set_num_threads` (the trainer's `run.threads`); vLLM's CPU attention plans a
+        # batch with this thread's count and runs it with torch's, and stops on a mismatch
+        # ("thread_num (2 vs. 1)"). vLLM replaces `torch.set_num_threads` once it has bound its
+        # threads, so the count is set through torch's own binding.
+        torch_threads = self._torch_threads
+        if torch_threads:
+            import torch
+
+            torch._C.set_num_threads(torch_threads)
         try:
             while True:
                 block = not self._engine.has_unfinished_requests()
