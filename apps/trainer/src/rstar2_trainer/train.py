@@ -31,8 +31,9 @@ later turns on the new weights), and groups more than `async.max_staleness` vers
 dropped. Every step logs `groups_trained`, `groups_carried`, `groups_dropped_stale` and
 `groups_drained`, and what the pool generated while the policy trained, counted at the engines
 and the pool around the update (`turns_during_train`, `tokens_during_train`,
-`groups_finished_during_train`): a driver policy trains on a worker thread then (policy.py),
-training ranks are awaited. A stage switch (its evaluation and hard-subset pass) and a
+`groups_finished_during_train`; answers as the driver received them, so a reply in transit when
+the update began counts): a driver policy trains on a worker thread then (policy.py), training
+ranks are awaited. A stage switch (its evaluation and hard-subset pass) and a
 checkpoint drain the pool first (cancel what runs, discard what waits), so a checkpoint never
 holds rollouts in flight and `--resume` restarts exactly where the uninterrupted run stood;
 carrying needs `run.checkpoint_every` > 1.

@@ -51,6 +51,9 @@ class ColocatedWorker(TrainWorker):
         self._engine_actor: EngineActor | None = None
         self.engine_dtype = "bfloat16"
         self.events: list[str] = []
+        self.answered = 0  # generate calls this rank's engine answered
+        self.answered_asleep = 0  # ... between a sleep and the next wake: held, so none
+        self._asleep = False
 
     # -- the engine, built after the rank joined its world
     def start_engine(self, config: EngineConfig, name: str, threads: int) -> dict[str, Any]:
@@ -79,7 +82,10 @@ class ColocatedWorker(TrainWorker):
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> tuple[Generation, KVCapacity | None, EngineProgress | None]:
-        return await self.engine.generate(prompt_ids, params, request_id)
+        out = await self.engine.generate(prompt_ids, params, request_id)
+        self.answered += 1
+        self.answered_asleep += self._asleep
+        return out
 
     def can_sleep(self) -> bool:
         return self.engine.can_sleep()
@@ -94,10 +100,12 @@ class ColocatedWorker(TrainWorker):
 
     async def sleep(self, level: int = 1) -> None:
         self.events.append("sleep")
-        await self.engine.sleep(level)
+        await self.engine.sleep(level)  # after the turns submitted before it are answered
+        self._asleep = True
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         self.events.append("wake:" + ",".join(tags or ["all"]))
+        self._asleep = False
         return await self.engine.wake_up(tags)
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
