@@ -20,6 +20,9 @@ pause), so they answer nothing while asleep (counted in each rank's actor: the d
 `turns_during_train` may count a reply still in transit when the update began); the groups
 left running are held and carried all the same, and trained one version stale after the
 engines woke on the new weights.
+
+The split run again with `async.at_push: abort`: a turn running when its engine's update begins
+stops there and is resumed on the new weights (`turns_resumed`), through the engine actors.
 """
 
 from __future__ import annotations
@@ -165,4 +168,29 @@ def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, 
     assert colocated["versions"] == [colocated["pushed"]] * 2
     for engine in colocated["engines"]:
         compared = tiny_on_ray.compare(engine, colocated["ranks"])
+        assert sorted(compared) == sorted(engine)
+
+
+@pytest.fixture(scope="module")
+def aborted(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    long_turns = "curriculum.tiny.max_response_tokens=[192,192,192]"  # running at the push
+    config = tiny_on_ray.config(SPLIT, engine=[*ENGINE, long_turns, "async.at_push=abort"])
+    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split-abort"))
+
+
+def test_split_placement_aborts_turns_at_the_push_and_resumes_them(aborted, tiny_on_ray):
+    steps = aborted["steps"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for r in steps:
+        assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
+        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+    # the engine actors generate through the update, and with turns of 192 tokens some still
+    # run at the pushes: each is aborted when its engine's update begins, resumed on the new
+    # weights (with 48, as above, the carried turns had ended before the push)
+    assert sum(r["turns_resumed"] for r in steps) >= 1
+    assert aborted["dropped"] == []
+    assert aborted["pushed"] == len(steps)
+    assert aborted["versions"] == [aborted["pushed"]] * 2
+    for engine in aborted["engines"]:
+        compared = tiny_on_ray.compare(engine, aborted["ranks"])
         assert sorted(compared) == sorted(engine)
