@@ -21,8 +21,10 @@ final evaluation not. Arms of one seed run at once (`--jobs 2`, one torch thread
 share the machine's load; their seconds compare within a seed, not across sessions.
 
 JSON: `{"arms": {"sync": [RUN, ...], "async": [RUN, ...]}, "verdict": "..."}`, a RUN is
-`{"seed", "final_accuracy", "rl_seconds", "accuracy_after_sft", "staleness_mean",
-"groups_dropped_stale", "groups_carried"}`. The verdict says whether the asynchronous arm's mean
+`{"seed", "final_accuracy", "rl_seconds", "accuracy_after_sft", "rl_steps", "staleness_mean",
+"mismatch_kl_mean", "mismatch_ratio_max", "groups_dropped_stale", "groups_carried"}` (the
+mismatch: the sampler-trainer KL estimate averaged over the RL steps, and the largest
+per-token probability ratio of any step). The verdict says whether the asynchronous arm's mean
 final accuracy lies inside the synchronous arm's 95 % t-interval (the issue's bar for a default).
 """
 
@@ -56,6 +58,8 @@ def run_record(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "accuracy_after_sft": start["accuracy"],
         "rl_steps": len(rl),
         "staleness_mean": _mean(r.get("staleness_mean") for r in rl),
+        "mismatch_kl_mean": _mean(r.get("mismatch_kl") for r in rl),
+        "mismatch_ratio_max": max((r.get("mismatch_ratio_max") or 0.0 for r in rl), default=None),
         "groups_carried": sum(r.get("groups_carried", 0) for r in rl),
         "groups_dropped_stale": sum(r.get("groups_dropped_stale", 0) for r in rl),
     }
@@ -88,15 +92,17 @@ def verdict(arms: dict[str, list[dict[str, Any]]]) -> str:
 
 def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
     print(
-        f"{'arm':<7}{'seed':>5}{'after SFT':>11}{'final':>8}{'RL s':>8}{'stale':>7}{'carried':>9}{'dropped':>9}"
+        f"{'arm':<7}{'seed':>5}{'after SFT':>11}{'final':>8}{'RL s':>8}{'stale':>7}"
+        f"{'carried':>9}{'dropped':>9}{'mismatch KL':>13}"
     )
     for arm, runs in arms.items():
         for r in runs:
-            stale = r["staleness_mean"]
+            stale, kl = r["staleness_mean"], r["mismatch_kl_mean"]
             print(
                 f"{arm:<7}{r['seed']:>5}{r['accuracy_after_sft']:>11.3f}{r['final_accuracy']:>8.3f}"
                 f"{r['rl_seconds']:>8.0f}{'-' if stale is None else f'{stale:.2f}':>7}"
                 f"{r['groups_carried']:>9}{r['groups_dropped_stale']:>9}"
+                f"{'-' if kl is None else f'{kl:.2e}':>13}"
             )
 
 
