@@ -1,10 +1,9 @@
-"""`async.max_staleness`, `async.partial_rollout` and `async.at_push`: keys of every recipe; partial rollouts run
-with local engines, in split placement and colocated, and what is not built is refused in one
-line rather than accepted and ignored: staleness without partial rollouts, partial rollouts on
-remote services, and partial rollouts with no staleness allowed. Colocated placement can only
-ever overlap partial rollouts, its own line.
+"""`async.max_staleness`, `async.partial_rollout` and `async.at_push`: keys of every recipe;
+partial rollouts and one-step-off steps (staleness alone) run with local engines, in split
+placement and colocated, and what is not built is refused in one line rather than accepted and
+ignored: either on remote services, and partial rollouts with no staleness allowed.
 `async.at_push: abort` reaches every vLLM engine the run builds, and is refused where no engine
-would abort (no partial rollouts, a transformers engine, an engine set to wait).
+would abort (a synchronous run, a transformers engine, an engine set to wait).
 """
 
 from __future__ import annotations
@@ -30,17 +29,11 @@ def test_every_recipe_takes_the_synchronous_values_and_writes_them_back():
 
 
 @pytest.mark.parametrize("name", sorted(recipes()))
-def test_what_is_not_built_is_refused_in_one_line(name, capsys):
-    assert main([name, "--dry-run", "async.max_staleness=2"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    if name in COLOCATED:
-        assert (
-            "async.max_staleness > 0 with cluster.colocate needs async.partial_rollout: true" in err
-        )
-    else:
-        assert "async.max_staleness > 0 without async.partial_rollout" in err
-        assert "is not implemented yet" in err
+def test_one_step_off_is_taken_and_what_is_not_built_is_refused_in_one_line(name, capsys):
+    assert main([name, "--dry-run", "async.max_staleness=2"]) == 0  # one-step-off
+    capsys.readouterr()
+    written = json.loads(load_config(name, ["async.max_staleness=1"]).model_dump_json())
+    assert written["async"] == {"max_staleness": 1, "partial_rollout": False, "at_push": "wait"}
     with pytest.raises(ConfigError, match=r"async\.partial_rollout needs async\.max_staleness"):
         load_config(name, ["async.partial_rollout=true"])
     if name in COLOCATED:
@@ -59,8 +52,9 @@ def test_partial_rollouts_are_taken_in_every_recipe_and_written_back(name):
     assert written["async"] == {"max_staleness": 2, "partial_rollout": True, "at_push": "wait"}
     assert TrainerConfig.model_validate(written) == config
     if config.cluster is None:  # a cluster recipe takes no remote section at all
-        with pytest.raises(ConfigError, match=r"remote rollout services is not implemented yet"):
-            load_config(name, [*PARTIAL, "remote.workers=[127.0.0.1:1]"])
+        for steps in (PARTIAL, ["async.max_staleness=1"]):
+            with pytest.raises(ConfigError, match=r"remote rollout services is not implemented"):
+                load_config(name, [*steps, "remote.workers=[127.0.0.1:1]"])
 
 
 def test_the_colocated_recipes_are_the_ones_that_colocate():
@@ -91,4 +85,6 @@ def test_abort_at_push_reaches_the_engines_and_is_refused_where_none_would_abort
         assert main([name, "--dry-run", *overrides]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1
-        assert "async.at_push: abort needs async.partial_rollout and a vllm engine" in err
+        assert "async.at_push: abort needs async.max_staleness >= 1 and a vllm engine" in err
+    one_step_off = load_config(name, ["async.max_staleness=1", "async.at_push=abort"])
+    assert one_step_off.engine_for("/m", 0).at_push == "abort"  # type: ignore[union-attr]

@@ -2,7 +2,8 @@
 parts as test_rl_step.py: the transformers engine and the tiny model, the real sandbox, grader,
 update and checkpoints. A step trains on the first group to finish of two running; the other is
 carried into the next step and trained one version stale; a checkpoint drains the pool, so a run
-resumed from it draws and trains what the uninterrupted run did from there."""
+resumed from it draws and trains what the uninterrupted run did from there. One-step-off
+(`async.max_staleness` alone): each step trains the batch the step before submitted, whole."""
 
 from __future__ import annotations
 
@@ -70,6 +71,30 @@ def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(
     assert again[2]["batch"] == steps[2]["batch"]
     assert again[2]["batch_ahead"] == steps[2]["batch_ahead"]
     assert again[2]["groups_trained"] == 1
+
+
+@pytest.mark.slow  # five RL steps on the transformers engine: ~1 min
+def test_one_step_off_trains_each_batch_whole_one_step_after_it_was_submitted(
+    tmp_path, in_process_rl
+):
+    run_dir = tmp_path / "run"
+    one_step_off = [*PARTIAL[:3], "run.checkpoint_every=10", "async.max_staleness=1"]
+    assert main(["tiny", f"run.output_dir={run_dir}", *in_process_rl, *one_step_off]) == 0
+    steps = _steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    for r in steps:
+        assert r["groups_trained"] == 1 and r["trajectories"] == 1 * 4
+        assert r["groups_dropped_stale"] == 0 and r["staleness_max"] <= 1
+    first, second, third = steps[:3]
+    # step 1 (an empty pool) submitted its batch and the next, and trained its own, whole
+    assert first["groups"] == first["batch"] and len(first["batch_ahead"]) == 1
+    # then each step trains the batch submitted the step before, while its own generates
+    assert second["groups"] == first["batch_ahead"] and second["batch_ahead"] == []
+    assert third["groups"] == second["batch"]
+    assert second["groups_carried"] == third["groups_carried"] == 1  # the next step's batch
+    # the stage switch after step 3 drained step 3's own batch; step 4 starts over
+    assert third["groups_drained"] == 1
+    assert steps[3]["groups"] == steps[3]["batch"] and len(steps[3]["batch_ahead"]) == 1
 
 
 VLLM_ABORT = [

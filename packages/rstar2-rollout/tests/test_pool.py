@@ -170,3 +170,35 @@ def test_one_group_per_problem_per_batch_and_drain_stops_everything(runner, engi
     assert once.carried == 1  # the second group of "a" waits for the next batch
     assert running >= 2 and gone == 3 and after == 0  # long1, long2 and the second "a"
     assert empty.problems == [] and left == (0, 0)
+
+
+def test_submission_order_returns_the_oldest_batch_whole_while_the_next_one_runs(
+    runner, engine, tokenizer
+):
+    async def main():
+        service = _service(engine, tokenizer)
+        pool = RolloutPool(service, Grader(), max_staleness=1, order="submission")
+        try:
+            pool.submit([RolloutTask("long", "q long"), RolloutTask("a", "q a")], N, CONFIG)
+            pool.submit([RolloutTask("b", "q b")], N, CONFIG)  # the next step's batch
+            first = await pool.next_batch(2, engine.weights_version)
+            b_ready = pool.waiting  # "b" finished long before "long" did, and waited
+            pool.submit([RolloutTask("c", "q c")], N, CONFIG)
+            second = await pool.next_batch(2, engine.weights_version)
+            left = (pool.in_flight, pool.waiting)
+            return first, b_ready, second, left
+        finally:
+            await pool.close()
+            await service.scheduler.close()
+
+    first, b_ready, second, left = runner.run(main())
+    # finish order would have returned "a" and "b"; submission order waits for "long"
+    assert (
+        sorted(p.id for p in first.problems) == ["a", "long"] and len(first.trajectories) == 2 * N
+    )
+    assert b_ready == 1 and first.carried == 1
+    # the next call stops where "b"'s submission ends (one group), though "c" could follow
+    assert [p.id for p in second.problems] == ["b"] and second.carried == 1
+    assert left[0] + left[1] == 1  # "c" is still in the pool for the step after
+    with pytest.raises(ValueError, match="order must be"):
+        RolloutPool(None, Grader(), order="random")  # type: ignore[arg-type]

@@ -36,7 +36,9 @@ the update began counts): a driver policy trains on a worker thread then (policy
 ranks are awaited. A stage switch (its evaluation and hard-subset pass) and a
 checkpoint drain the pool first (cancel what runs, discard what waits), so a checkpoint never
 holds rollouts in flight and `--resume` restarts exactly where the uninterrupted run stood;
-carrying needs `run.checkpoint_every` > 1.
+carrying needs `run.checkpoint_every` > 1. One-step-off steps (`async.max_staleness` >= 1
+without partial rollouts) use the same pool in submission order: a step trains the oldest batch
+in it, whole (the one the step before submitted), while its own generates.
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
@@ -113,7 +115,7 @@ class Run:
     step: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
     weights_version: int = 0  # pushes to the engines in this process (each bumps every engine)
-    pool: RolloutPool | None = None  # partial rollouts: groups in flight across steps
+    pool: RolloutPool | None = None  # asynchronous steps: groups in flight across steps
 
     @property
     def checkpoints(self) -> Path:
@@ -177,11 +179,14 @@ async def _train(
 
 async def run_steps(run: Run, ckpt: Any, traces: list) -> None:
     """A new start (SFT on `traces`) or `ckpt` restored, then RL steps to the end of the plan,
-    with the rollout pool (partial rollouts) open throughout and closed however it ends."""
+    with the rollout pool (asynchronous steps) open throughout and closed however it ends."""
     steps = run.config.async_
-    if steps.partial_rollout:
+    if steps.max_staleness > 0:  # partial rollouts, or one-step-off: whole batches in order
         parts = run.parts
-        run.pool = RolloutPool(parts.source, parts.scorer, max_staleness=steps.max_staleness)
+        order = "finish" if steps.partial_rollout else "submission"
+        run.pool = RolloutPool(
+            parts.source, parts.scorer, max_staleness=steps.max_staleness, order=order
+        )
     try:
         if ckpt is None:
             await start(run, traces)
@@ -369,7 +374,8 @@ async def roll_out(
     run: Run, problems: list, n: int, rollout: Any
 ) -> tuple[list[Trajectory], dict[str, Any]]:
     """The step's graded trajectories and the rollout's metrics: `n` of every problem
-    (`collect`), or with partial rollouts the first `len(problems)` groups to finish in the pool.
+    (`collect`), or with partial rollouts the first `len(problems)` groups to finish in the pool,
+    or one-step-off the oldest batch in the pool, whole.
 
     The pool holds two steps' batches: this step's problems are submitted, and after a drain (an
     empty pool) the curriculum's next batch too, sampled with a seed of its own; so each step

@@ -7,6 +7,11 @@ returns at once; `next_batch(groups, version)` returns the first `groups` groups
 (a group, the `n` samples of one problem, is the unit: it enters a batch only whole) and leaves
 every other group running on the engines, to finish during a later call.
 
+`order="submission"` (one-step-off steps): `next_batch` returns the groups of the oldest
+submission still in the pool, waiting for each of them, and stops where that submission ends;
+later submissions keep running meanwhile. A caller that submits the next step's batch before it
+trains then trains every batch whole, one step after it was submitted.
+
 - Versions: nothing here sets them. A trajectory still running when the caller pushes new
   weights goes on; the engine tags the tokens with the weights they ran on
   (`Generation.weights_version`), so a carried trajectory's later tokens carry the new version.
@@ -40,7 +45,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from rstar2_rollout.collect import Grader, Meter, TrajectorySource
 from rstar2_rollout.config import RolloutConfig
@@ -92,10 +97,18 @@ class RolloutPool(Generic[P]):
     """Groups of trajectories in flight across steps (see module docstring)."""
 
     def __init__(
-        self, source: TrajectorySource, grader: Grader[P], *, max_staleness: int = 0
+        self,
+        source: TrajectorySource,
+        grader: Grader[P],
+        *,
+        max_staleness: int = 0,
+        order: Literal["finish", "submission"] = "finish",
     ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if order not in ("finish", "submission"):
+            raise ValueError(f"order must be 'finish' or 'submission', got {order!r}")
+        self.order = order
         self.source = source
         self.grader = grader
         self.max_staleness = max_staleness
@@ -197,15 +210,19 @@ class RolloutPool(Generic[P]):
         on_group: Callable[[P], None] | None = None,
     ) -> PoolBatch[P]:
         """The first `groups` groups to finish (fewer only when nothing is left running), none
-        more than `max_staleness` versions behind `version`; the rest stay in the pool."""
+        more than `max_staleness` versions behind `version`; the rest stay in the pool. With
+        `order="submission"`, the oldest submission's groups (fewer when it has fewer left)."""
         for meter in meters:
             meter.open()
         start = time.perf_counter()
         batch: PoolBatch[P] = PoolBatch(problems=[], trajectories=[])
         taken: list[_Group[P]] = []
+        whole = self._oldest_submission() if self.order == "submission" else None
         try:
             while len(taken) < groups:
-                group = self._take({g.problem.id for g in taken})
+                if whole is not None and not self._holds(whole):
+                    break  # the submission ended: its groups taken, dropped or failed
+                group = self._take({g.problem.id for g in taken}, whole)
                 if group is None:
                     if not self._running:
                         break  # nothing left that could finish
@@ -235,14 +252,29 @@ class RolloutPool(Generic[P]):
         batch.generate_s = sum(t.timings.generate_s for t in batch.trajectories)
         return batch
 
-    def _take(self, taken_ids: set[str]) -> _Group[P] | None:
-        """The oldest-submitted ready group whose problem is not in the batch yet."""
-        eligible = [g for g in self._ready if g.problem.id not in taken_ids]
+    def _take(self, taken_ids: set[str], submission: int | None) -> _Group[P] | None:
+        """The oldest-submitted ready group whose problem is not in the batch yet (of
+        `submission` only, when given)."""
+        eligible = [
+            g
+            for g in self._ready
+            if g.problem.id not in taken_ids and submission in (None, g.submitted)
+        ]
         if not eligible:
             return None
         group = min(eligible, key=lambda g: g.submitted)
         self._ready.remove(group)
         return group
+
+    def _oldest_submission(self) -> int | None:
+        numbers = [n for n, _ in self._running] + [g.submitted for g in self._ready]
+        return min(numbers, default=None)
+
+    def _holds(self, submission: int) -> bool:
+        """Whether a group of `submission` is still running or waiting to be taken."""
+        return any(n == submission for n, _ in self._running) or any(
+            g.submitted == submission for g in self._ready
+        )
 
     async def drain(self) -> int:
         """Cancel every running group and discard the finished ones; how many groups went."""
