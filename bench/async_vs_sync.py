@@ -1,7 +1,7 @@
 """Issue 30, item 5: does a run with partial rollouts learn as well as a synchronous one?
 
     uv run python bench/async_vs_sync.py [RECIPE] [a.b=value ...] [--seeds 0 1 2] [--jobs 2]
-        [--work runs/async_vs_sync] [--json bench/results/async_vs_sync.json]
+        [--arms sync async] [--work runs/async_vs_sync] [--json bench/results/async_vs_sync.json]
 
 The same protocol as bench/roc_vs_grpo.py, whose helpers it uses: SFT once (`rstar2-train
 RECIPE` until checkpoint 0, exported as a policy folder), then per arm and seed the RL stages
@@ -10,7 +10,10 @@ from that policy, evaluated on the SFT run's held-out problems. The arms differ 
 - `sync`: every step waits for all its groups (`async.max_staleness=0`);
 - `async`: `async.partial_rollout=true async.max_staleness=1`: a step trains on the first
   `curriculum.batch_size` groups to finish of about twice as many in flight, the rest carried
-  into the next step on the new weights, groups more than one version old dropped.
+  into the next step on the new weights, groups more than one version old dropped;
+- `one_step_off` (not run by default: `--arms sync one_step_off --json ...`):
+  `async.max_staleness=1` alone: each step trains the batch the step before submitted, whole,
+  while its own generates.
 
 Both arms checkpoint every 10 steps (`run.checkpoint_every=10`: a checkpoint drains the pool, so
 the default of every step would leave nothing to carry).
@@ -24,8 +27,9 @@ JSON: `{"arms": {"sync": [RUN, ...], "async": [RUN, ...]}, "verdict": "..."}`, a
 `{"seed", "final_accuracy", "rl_seconds", "accuracy_after_sft", "rl_steps", "staleness_mean",
 "mismatch_kl_mean", "mismatch_ratio_max", "groups_dropped_stale", "groups_carried"}` (the
 mismatch: the sampler-trainer KL estimate averaged over the RL steps, and the largest
-per-token probability ratio of any step). The verdict says whether the asynchronous arm's mean
-final accuracy lies inside the synchronous arm's 95 % t-interval (the issue's bar for a default).
+per-token probability ratio of any step). The verdict says, for each arm beside `sync`, whether
+its mean final accuracy lies inside the synchronous arm's 95 % t-interval (the issue's bar for a
+default).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ SHARED = ["run.checkpoint_every=10"]
 ARMS = {
     "sync": [*SHARED],
     "async": [*SHARED, "async.partial_rollout=true", "async.max_staleness=1"],
+    "one_step_off": [*SHARED, "async.max_staleness=1"],
 }
 
 
@@ -71,35 +76,39 @@ def _mean(values: Any) -> float | None:
 
 
 def verdict(arms: dict[str, list[dict[str, Any]]]) -> str:
-    """Whether the asynchronous arm's mean final accuracy is inside the synchronous 95 %
-    interval, and the wall-time ratio of the RL steps."""
+    """For each arm beside `sync`: whether its mean final accuracy is inside the synchronous
+    95 % interval, and the wall-time ratio of the RL steps."""
     acc = {arm: interval([r["final_accuracy"] for r in runs]) for arm, runs in arms.items()}
     secs = {arm: interval([r["rl_seconds"] for r in runs]) for arm, runs in arms.items()}
-    sync, async_ = acc["sync"], acc["async"]
-    if sync is None or async_ is None or min(len(r) for r in arms.values()) < 2:
+    if any(v is None for v in acc.values()) or min(len(r) for r in arms.values()) < 2:
         return f"inconclusive: too few finished runs ({ {a: len(r) for a, r in arms.items()} })"
-    inside = sync[1] <= async_[0] <= sync[2]
-    above = async_[0] > sync[2]
-    says = "inside" if inside else ("above" if above else "below")
-    assert secs["sync"] is not None and secs["async"] is not None
-    return (
-        f"final held-out accuracy: async {async_[0]:.3f} [{async_[1]:.3f}, {async_[2]:.3f}] vs "
-        f"sync {sync[0]:.3f} [{sync[1]:.3f}, {sync[2]:.3f}]: the async mean is {says} the sync "
-        f"95 % interval; RL wall time sync/async {secs['sync'][0] / secs['async'][0]:.2f}x "
-        f"(means over {len(arms['sync'])} + {len(arms['async'])} seeds)"
-    )
+    sync, sync_s = acc["sync"], secs["sync"]
+    assert sync is not None and sync_s is not None
+    says = []
+    for arm in [a for a in arms if a != "sync"]:
+        arm_acc, arm_s = acc[arm], secs[arm]
+        assert arm_acc is not None and arm_s is not None
+        mean, low, high = arm_acc
+        where = "inside" if sync[1] <= mean <= sync[2] else ("above" if mean > sync[2] else "below")
+        says.append(
+            f"final held-out accuracy: {arm} {mean:.3f} [{low:.3f}, {high:.3f}] vs sync "
+            f"{sync[0]:.3f} [{sync[1]:.3f}, {sync[2]:.3f}]: the {arm} mean is {where} the sync "
+            f"95 % interval; RL wall time sync/{arm} {sync_s[0] / arm_s[0]:.2f}x "
+            f"(means over {len(arms['sync'])} + {len(arms[arm])} seeds)"
+        )
+    return "; ".join(says)
 
 
 def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
     print(
-        f"{'arm':<7}{'seed':>5}{'after SFT':>11}{'final':>8}{'RL s':>8}{'stale':>7}"
+        f"{'arm':<13}{'seed':>5}{'after SFT':>11}{'final':>8}{'RL s':>8}{'stale':>7}"
         f"{'carried':>9}{'dropped':>9}{'mismatch KL':>13}"
     )
     for arm, runs in arms.items():
         for r in runs:
             stale, kl = r["staleness_mean"], r["mismatch_kl_mean"]
             print(
-                f"{arm:<7}{r['seed']:>5}{r['accuracy_after_sft']:>11.3f}{r['final_accuracy']:>8.3f}"
+                f"{arm:<13}{r['seed']:>5}{r['accuracy_after_sft']:>11.3f}{r['final_accuracy']:>8.3f}"
                 f"{r['rl_seconds']:>8.0f}{'-' if stale is None else f'{stale:.2f}':>7}"
                 f"{r['groups_carried']:>9}{r['groups_dropped_stale']:>9}"
                 f"{'-' if kl is None else f'{kl:.2e}':>13}"
@@ -112,16 +121,20 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="RL runs at once")
+    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["sync", "async"])
     parser.add_argument("--work", type=Path, default=Path("runs/async_vs_sync"))
     parser.add_argument("--json", type=Path, default=Path("bench/results/async_vs_sync.json"))
     parser.add_argument(
         "--report-only", action="store_true", help="summarise the finished runs; start none"
     )
     args = parser.parse_args()
+    if "sync" not in args.arms:
+        parser.error("--arms must include sync (the baseline every other arm is compared with)")
+    chosen = {arm: ARMS[arm] for arm in args.arms}
     if not args.report_only:
-        run_arms(args.recipe, args.overrides, ARMS, args.seeds, args.jobs, args.work)
-    arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
-    for arm in ARMS:
+        run_arms(args.recipe, args.overrides, chosen, args.seeds, args.jobs, args.work)
+    arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in chosen}
+    for arm in chosen:
         for seed in args.seeds:
             run_dir = args.work / f"{arm}-s{seed}"
             if (run_dir / "policy" / "config.json").is_file():
