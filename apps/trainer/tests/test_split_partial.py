@@ -173,20 +173,29 @@ def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, 
 
 @pytest.fixture(scope="module")
 def aborted(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    long_turns = "curriculum.tiny.max_response_tokens=[192,192,192]"  # running at the push
-    config = tiny_on_ray.config(SPLIT, engine=[*ENGINE, long_turns, "async.at_push=abort"])
+    overrides = [
+        *ENGINE,
+        "curriculum.tiny.steps=[3,1,1]",
+        "curriculum.tiny.max_response_tokens=[768,48,48]",
+        "run.checkpoint_every=10",  # no drain inside stage 1: step 2's batch is trained in step 3
+        "async.at_push=abort",
+    ]
+    config = tiny_on_ray.config(SPLIT, engine=overrides)
     return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split-abort"))
 
 
 def test_split_placement_aborts_turns_at_the_push_and_resumes_them(aborted, tiny_on_ray):
     steps = aborted["steps"]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:
         assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
         assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
-    # the engine actors generate through the update, and with turns of 192 tokens some still
-    # run at the pushes: each is aborted when its engine's update begins, resumed on the new
-    # weights (with 48, as above, the carried turns had ended before the push)
+    # step 2 trains the groups step 1 carried (finished by then) and leaves the batch it just
+    # submitted running: turns of up to 768 tokens, seconds each, against an update of about
+    # one, so they run at step 2's push through the engine actors; each is aborted when its
+    # engine's update begins, resumed on the new weights, and trained in step 3 (the first to
+    # finish are those submitted first). A resumed turn of a batch a drain discards is counted
+    # nowhere, so stage 1 has three steps and no checkpoint.
     assert sum(r["turns_resumed"] for r in steps) >= 1
     assert aborted["dropped"] == []
     assert aborted["pushed"] == len(steps)
