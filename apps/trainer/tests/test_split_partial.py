@@ -118,6 +118,17 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
     return out
 
 
+def _engines_hold_the_final_weights(out: dict[str, Any], tiny_on_ray: Any) -> None:
+    """No engine dropped, one sync a step (no SFT: none before RL), every engine loaded every
+    push, and each holds the ranks' final weights, every tensor."""
+    assert out["dropped"] == []
+    assert out["pushed"] == len(out["steps"])
+    assert out["versions"] == [out["pushed"]] * 2
+    for engine in out["engines"]:
+        compared = tiny_on_ray.compare(engine, out["ranks"])
+        assert sorted(compared) == sorted(engine)
+
+
 @pytest.fixture(scope="module")
 def record(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = tiny_on_ray.config(SPLIT, engine=ENGINE)
@@ -139,12 +150,7 @@ def test_split_placement_generates_while_the_ranks_train(record, tiny_on_ray):
     assert sum(r["tokens_during_train"] for r in steps) >= sum(
         r["turns_during_train"] for r in steps
     )
-    assert record["dropped"] == []
-    assert record["pushed"] == len(steps)  # one sync a step (no SFT: none before RL)
-    assert record["versions"] == [record["pushed"]] * 2  # every engine loaded every push
-    for engine in record["engines"]:
-        compared = tiny_on_ray.compare(engine, record["ranks"])
-        assert sorted(compared) == sorted(engine)  # the ranks' final weights, every tensor
+    _engines_hold_the_final_weights(record, tiny_on_ray)
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +169,7 @@ def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, 
         assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
         assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
     assert all(turns > 0 and asleep == 0 for turns, asleep in colocated["answered"])
-    assert colocated["dropped"] == []
-    assert colocated["pushed"] == len(steps)
-    assert colocated["versions"] == [colocated["pushed"]] * 2
-    for engine in colocated["engines"]:
-        compared = tiny_on_ray.compare(engine, colocated["ranks"])
-        assert sorted(compared) == sorted(engine)
+    _engines_hold_the_final_weights(colocated, tiny_on_ray)
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +198,4 @@ def test_split_placement_aborts_turns_at_the_push_and_resumes_them(aborted, tiny
     # finish are those submitted first). A resumed turn of a batch a drain discards is counted
     # nowhere, so stage 1 has three steps and no checkpoint.
     assert sum(r["turns_resumed"] for r in steps) >= 1
-    assert aborted["dropped"] == []
-    assert aborted["pushed"] == len(steps)
-    assert aborted["versions"] == [aborted["pushed"]] * 2
-    for engine in aborted["engines"]:
-        compared = tiny_on_ray.compare(engine, aborted["ranks"])
-        assert sorted(compared) == sorted(engine)
+    _engines_hold_the_final_weights(aborted, tiny_on_ray)
