@@ -5,6 +5,9 @@ Not a bench itself (no table, no JSON): `sandbox_http.py`, `sandbox_profile.py` 
 
 - `cold_rate(codes, width)`: executions/s of a fresh `python -c CODE` (stdin fed) per snippet,
   `width` at once: the machine's floor that sandbox figures are reported beside.
+- `code_cpu_ms(codes)`: the snippets' own CPU per call, run one after another in one warm
+  interpreter (the zygote's preload and warm-up, no fork, no confinement): what a sandbox that
+  cost nothing would still spend, so `cores * 1000 / code_cpu_ms` bounds any sandbox here.
 - `drive(run, jobs, width, check, failed)`: `run(job.request)` for every job, `width` in flight;
   (executions/s, answers `check` accepts; default `Job.check`); each answer it refuses is
   appended to `failed`, when given, as `describe` writes it (what came back, not a count).
@@ -17,6 +20,7 @@ Not a bench itself (no table, no JSON): `sandbox_http.py`, `sandbox_profile.py` 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -50,6 +54,41 @@ async def cold_rate(codes: Sequence[tuple[str, str]], width: int) -> float:
     start = time.perf_counter()
     await asyncio.gather(*(one(code, stdin) for code, stdin in codes))
     return len(codes) / (time.perf_counter() - start)
+
+
+_CODE_CPU = """
+import contextlib, importlib, io, json, sys, time
+from rstar2_sandbox import SandboxConfig
+config = SandboxConfig()
+for module in config.preload:
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
+exec(compile(config.warmup_code, "<warmup>", "exec"), {})
+spent = 0
+for code, stdin in json.load(sys.stdin):
+    sys.stdin = io.StringIO(stdin)
+    compiled = compile(code, "<call>", "exec")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        start = time.process_time_ns()
+        try:
+            exec(compiled, {"__name__": "__main__"})
+        except BaseException:
+            pass
+        spent += time.process_time_ns() - start
+print(spent / 1e6)
+"""
+
+
+def code_cpu_ms(codes: Sequence[tuple[str, str]]) -> float:
+    """Mean CPU ms of each (code, stdin) run in one warm interpreter, no sandbox (see above)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CODE_CPU],
+        input=json.dumps(list(codes)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(done.stdout.strip().splitlines()[-1]) / len(codes)
 
 
 def snippets(jobs: Sequence[Job]) -> list[tuple[str, str]]:

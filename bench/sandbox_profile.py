@@ -7,7 +7,9 @@ phase (median); one at `--concurrency` gives the rate and the CPU per phase (mea
 kind (pool, workers, zygotes, calls). Then a `rstar2-sandbox serve --http-port` child (profiling
 off) is driven through gRPC (`SandboxClient`) and HTTP (`/run_code`) at the same concurrency,
 rounds alternating; a cold `python -c` of the same snippets is measured in the same run, since
-the machine's speed moves. Every answer is checked. Prints tables, writes JSON.
+the machine's speed moves, and the snippets' own CPU in one warm interpreter without a sandbox
+(`code_cpu_ms`: the rate no sandbox could pass on this machine today). Every answer is checked.
+Prints tables, writes JSON.
 
     uv run python bench/sandbox_profile.py --calls 1000 --json bench/results/sandbox_profile.json
 """
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _sandbox_drive import WARM_UP, best, cold_rate, drive, served_rounds, snippets
+from _sandbox_drive import WARM_UP, best, code_cpu_ms, cold_rate, drive, served_rounds, snippets
 
 from rstar2_sandbox import LocalSandbox, SandboxConfig
 from rstar2_sandbox.workload import Job, make_workload
@@ -161,6 +163,8 @@ def main() -> None:
     load_before = os.getloadavg()
     jobs = make_workload(args.calls, "no_loops", seed=0)
     cold = asyncio.run(cold_rate(snippets(jobs[: args.cold_calls]), args.concurrency))
+    code_ms = code_cpu_ms(snippets(jobs))
+    cores = os.cpu_count() or 1
     profile = asyncio.run(_profile(jobs, args.serial_calls, args.concurrency))
     rows = [
         {"run": "cold python -c", "per_s": cold, "correct": None},
@@ -193,6 +197,10 @@ def main() -> None:
         print(f"{row['run']:<18} {row['per_s']:12.1f} {row['per_s'] / cold:7.1f} {correct:>10}")
     grpc, http = best(rows, "gRPC"), best(rows, "HTTP")
     print(f"HTTP / gRPC (best rounds): {http / grpc:.0%}")
+    print(
+        f"the snippets' own code, no sandbox: {code_ms:.2f} ms CPU a call, so at most "
+        f"{cores * 1000 / code_ms:.0f}/s on {cores} cores for any sandbox"
+    )
     report = {
         "calls": args.calls,
         "concurrency": args.concurrency,
@@ -203,6 +211,8 @@ def main() -> None:
         "phases_serial": profile["serial"],
         "phases_loaded": profile["loaded"],
         "cpu_ms_per_call": profile["cpu_ms_per_call"],
+        "code_cpu_ms": code_ms,
+        "code_bound_per_s": cores * 1000 / code_ms,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2))
