@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.metadata
+import importlib.util
 import os
 import signal
 import subprocess
@@ -239,6 +241,64 @@ def test_sandboxfusions_own_sdk_through_the_path_prefix(base: str) -> None:
     )
     assert failed.status == RunStatus.Failed
     assert failed.run_result is not None and failed.run_result.status == "TimeLimitExceeded"
+
+
+def _verl_sandbox_fusion() -> Any:
+    """verl's own `verl.utils.reward_score.sandbox_fusion`, as installed from PyPI, unmodified.
+
+    Loaded from its files under another package name: `import verl` would run verl's __init__,
+    which needs torch, tensordict and Ray (the dev group installs verl without them; see the root
+    pyproject's dependency-metadata). The reward module itself imports only requests.
+    """
+    pytest.importorskip("requests")
+    try:
+        dist = importlib.metadata.distribution("verl")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the workspace's dev group installs verl")
+    folder = Path(str(dist.locate_file("verl/utils/reward_score/sandbox_fusion")))
+    name = "verl_sandbox_fusion"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_verls_own_sandbox_fusion_reward(base: str) -> None:
+    # What verl's code reward does with `sandbox_fusion.url` set: its compute_score posts every
+    # test case to /run_code (no headers, so the token rides in the path) and maps our statuses
+    # to its codes: True/False, -2 runtime error, -3 timeout.
+    verl = _verl_sandbox_fusion()
+    url = f"{base}/t/{TOKEN}/run_code"
+    square = "```python\nn = int(input())\nprint(n * n)\n```"
+    cases = {"inputs": [f"{n}\n" for n in range(8)], "outputs": [f"{n * n}\n" for n in range(8)]}
+    score, meta = verl.compute_score(url, None, 1024, square, cases, timeout=5)
+    assert score == 1.0, meta
+    assert {m["status"] for m in meta} == {"success"}
+    assert meta[3]["stdout"] == "9\n" and meta[3]["exit_code"] == 0
+
+    wrong = square.replace("n * n", "n + n")
+    score, meta = verl.compute_score(url, None, 1024, wrong, cases, timeout=5)
+    assert score == 2 / 8, meta  # 0 + 0 and 2 + 2 are right by accident
+    assert {m["status"] for m in meta} == {"success", "wrong_answer"}
+
+    one = {"inputs": ["1\n"], "outputs": ["1\n"]}
+    results, meta = verl.check_correctness(url, one, "raise ValueError('boom')")
+    assert results == [-2] and meta[0]["status"] == "runtime_error", meta
+    assert "ValueError: boom" in meta[0]["stderr"]
+    results, meta = verl.check_correctness(url, one, "while True: pass", timeout=1)
+    assert results == [-3] and meta[0]["status"] == "timeout", meta
+
+    # LeetCode-style problems: verl wraps the solution in its own driver (star imports of
+    # sys, io, json and more; the call under `if __name__ == '__main__'`), arguments as JSON lines.
+    leet = {"fn_name": "add", "inputs": ["1\n2", "[3]\n[4]"], "outputs": ["3", "[3, 4]"]}
+    solution = "class Solution:\n    def add(self, a, b):\n        return a + b\n"
+    results, meta = verl.check_correctness(url, leet, solution, timeout=5)
+    assert results == [True, True], meta
 
 
 def test_code_judge_run_and_batch_with_rstars_client(base: str) -> None:
