@@ -1,15 +1,20 @@
 """The reward function in verl's and TRL's shapes: called the way those trainers call it.
 
-The torch-free tests run in an environment with rstar2-verify alone; the GRPOTrainer test needs
-trl (root dev group) and the rollout package's tiny model, and is skipped without them.
+The torch-free tests run in an environment with rstar2-verify alone; the verl test reads the
+installed verl's own loader and reward managers, and the GRPOTrainer test needs trl and the rollout
+package's tiny model (all in the root dev group); each is skipped without what it needs.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import importlib.util
 import inspect
 import logging
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +49,55 @@ def test_verl_calls_compute_score_with_keywords():
     assert isinstance(right, float)
     assert compute_score("math", "\\boxed{2\\sqrt{2}}", "\\sqrt{8}") == 1.0  # positionally too
     assert compute_score("math", "\\boxed{5}", ["4", "5"]) == 1.0  # a list of accepted answers
+
+
+def _verl_file(relative: str) -> Path:
+    try:
+        dist = importlib.metadata.distribution("verl")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the root dev group installs verl (without its trainer's dependencies)")
+    return Path(str(dist.locate_file(relative)))
+
+
+def test_verls_own_loader_and_reward_managers_call_our_function():
+    # Read from the installed verl, not restated: its loader (`load_extern_object`, what
+    # `reward.custom_reward_function.path/name` go through) imports integrations.py by file
+    # path under a made-up module name, and every reward manager's `self.compute_score(...)`
+    # call passes the keywords collected here.
+    spec = importlib.util.spec_from_file_location(
+        "verl_import_utils", _verl_file("verl/utils/import_utils.py")
+    )
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)  # standard library only
+    import rstar2_verify.integrations as ours
+
+    assert ours.__file__ is not None
+    score = loader.load_extern_object(module_path=ours.__file__, object_name="compute_score")
+    assert score is not compute_score  # a second copy of the module, as verl gets it
+
+    calls: set[frozenset[str]] = set()  # the keywords of each call site
+    managers = [_verl_file("verl/workers/reward_manager"), _verl_file("verl/experimental")]
+    for path in (f for folder in managers for f in folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.compute_score":
+                calls.add(frozenset(k.arg for k in node.keywords if k.arg is not None))
+    # per response (naive, dapo, limited, ...); `batch` passes plural names to a batched
+    # function, which ours is not (the README says to use the per-response managers)
+    single = {c for c in calls if "solution_str" in c}
+    assert single == {frozenset({"data_source", "solution_str", "ground_truth", "extra_info"})}
+    assert any("solution_strs" in c for c in calls)  # (and `**kwargs` pass-throughs)
+    extra_info = {"index": 3, "num_turns": None, "rollout_reward_scores": {}}  # as naive.py
+    call = {
+        "data_source": "lighteval/MATH",
+        "solution_str": "So the answer is \\boxed{\\frac{1}{2}}.",
+        "ground_truth": "0.5",
+        "extra_info": extra_info,
+    }
+    assert score(**call) == 1.0
+    assert score(**(call | {"ground_truth": "2"})) == 0.0
+    # `reward.custom_reward_function.reward_kwargs` are merged into the call as keywords
+    assert score(**call, reward_router_address=None) == 1.0
 
 
 def test_compute_score_never_raises_and_logs_once(caplog):
