@@ -1,5 +1,5 @@
 """Generation during training, in the driver: `DriverPolicy(off_loop=True)` (what the trainer
-builds with `async.partial_rollout`) trains on a worker thread, so the event loop, where the
+builds whenever steps overlap: `async.max_staleness >= 1`) trains on a worker thread, so the event loop, where the
 rollout pool's turns, tool calls and grading run, goes on meanwhile; and the update is the same
 computation: the weights after it equal, bit for bit, those of an update run in the loop (a
 synchronous run's) on the same model and batch."""
@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from rstar2_rollout.tiny import build_tiny_model
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import load_config
-from rstar2_trainer.training.policy import DriverPolicy
+from rstar2_trainer.training.policy import DriverPolicy, open_policy
 from rstar2_trainer.training.precision import Precision
 
 
@@ -72,3 +72,21 @@ def test_the_driver_trains_off_the_loop_and_gets_the_same_weights(tmp_path):
         in_loop[3]["lm_head.weight"],
         AutoModelForCausalLM.from_pretrained(model_dir).state_dict()["lm_head.weight"],
     )  # the update did change the weights
+
+
+def test_the_trainer_trains_off_the_loop_whenever_steps_overlap(tmp_path):
+    # one-step-off generates the next batch through the update as partial rollouts do; a
+    # synchronous run keeps the update in the loop
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=256, layers=1)
+    precision = Precision.from_settings("cpu", "float32")
+
+    async def off_loop(overrides: list[str]) -> bool:
+        config = load_config("tiny", overrides)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        async with open_policy(config, model, model_dir, precision, pad_id=0) as policy:
+            assert isinstance(policy, DriverPolicy)
+            return policy.off_loop
+
+    assert asyncio.run(off_loop([])) is False
+    assert asyncio.run(off_loop(["async.max_staleness=1"])) is True
+    assert asyncio.run(off_loop(["async.max_staleness=1", "async.partial_rollout=true"])) is True

@@ -26,10 +26,10 @@ the "old" logprobs are computed once before the first step with the policy that 
 synced weights), so the importance ratio moves and Clip-Higher and the dual clip act; with one
 step (the default, as in the public port) the old logprobs are the step's own, detached (ratio 1).
 
-Off the event loop (`off_loop`, chosen at construction: the trainer sets it with
-`async.partial_rollout`): `DriverPolicy.update` runs its torch work on a worker thread
-(`asyncio.to_thread`), so the rollout pool's tasks (turns, tool calls, grading) go on while the
-driver trains. Nothing else touches the model meanwhile: the engines load their own copy from
+Off the event loop (`off_loop`, chosen at construction: the trainer sets it whenever steps
+overlap, `async.max_staleness >= 1`, with partial rollouts or one-step-off):
+`DriverPolicy.update` runs its torch work on a worker thread (`asyncio.to_thread`), so the
+rollout pool's tasks (turns, tool calls, grading) go on while the driver trains. Nothing else touches the model meanwhile: the engines load their own copy from
 the model folder (none holds the policy's tensors), a push reads the weights only after the
 update returned, and SFT, checkpoints and evaluations run with the pool drained or idle. The
 update draws nothing from torch's global generator unless the model has dropout (the transformers
@@ -243,5 +243,5 @@ async def open_policy(
         if model is None:
             raise ValueError("the driver trains (cluster.train_workers 0) but loaded no model")
         model.to(precision.device)  # fp32 master weights, on the training device
-        off_loop = config.async_.partial_rollout  # the pool generates while the driver trains
+        off_loop = config.async_.max_staleness > 0  # the pool generates while the driver trains
         yield DriverPolicy(model, config, precision, pad_id=pad_id, off_loop=off_loop)
