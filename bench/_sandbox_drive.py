@@ -57,13 +57,11 @@ async def cold_rate(codes: Sequence[tuple[str, str]], width: int) -> float:
 
 
 _CODE_CPU = """
-import contextlib, importlib, io, json, sys, time
+import contextlib, io, json, sys, time
 from rstar2_sandbox import SandboxConfig
+from rstar2_sandbox._zygote import warm_up
 config = SandboxConfig()
-for module in config.preload:
-    with contextlib.suppress(Exception):
-        importlib.import_module(module)
-exec(compile(config.warmup_code, "<warmup>", "exec"), {})
+warm_up(config.preload, config.warmup_code)
 spent = 0
 for code, stdin in json.load(sys.stdin):
     sys.stdin = io.StringIO(stdin)

@@ -1,8 +1,8 @@
 """Generation during training, in the driver: `DriverPolicy(off_loop=True)` (what the trainer
-builds whenever steps overlap: `async.max_staleness >= 1`) trains on a worker thread, so the event loop, where the
-rollout pool's turns, tool calls and grading run, goes on meanwhile; and the update is the same
-computation: the weights after it equal, bit for bit, those of an update run in the loop (a
-synchronous run's) on the same model and batch."""
+builds whenever steps overlap: `async.max_staleness >= 1`) trains on a worker thread, so the
+event loop, where the rollout pool's turns, tool calls and grading run, goes on meanwhile; and
+the update is the same computation: the weights after it equal, bit for bit, those of an update
+run in the loop (a synchronous run's) on the same model and batch."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from rstar2_sandbox import _child, _confine, _seccomp
@@ -339,22 +340,29 @@ def collapse_warm_image() -> int:
     return collapsed
 
 
-def main(sock: socket.socket, config: dict[str, Any], index: int, conf: _confine.Confinements):
-    """The zygote's life: confine, warm up, probe, announce, fork until the worker goes."""
-    os.umask(0o022)
-    _confine.build_root(conf)
+def warm_up(preload: Sequence[str], warmup_code: str) -> tuple[list[str], dict[str, str]]:
+    """The warm image: import `preload`, then run `warmup_code` if every import worked; the
+    modules loaded and what failed (module or `<warmup>` -> repr of the error)."""
     loaded, failed = [], {}
-    for module in config["preload"]:
+    for module in preload:
         try:
             importlib.import_module(module)
             loaded.append(module)
         except Exception as exc:  # a missing optional module is reported, not fatal
             failed[module] = repr(exc)
-    if config["warmup_code"] and not failed:
+    if warmup_code and not failed:
         try:
-            exec(compile(config["warmup_code"], "<warmup>", "exec"), {})
+            exec(compile(warmup_code, "<warmup>", "exec"), {})
         except Exception as exc:
             failed["<warmup>"] = repr(exc)
+    return loaded, failed
+
+
+def main(sock: socket.socket, config: dict[str, Any], index: int, conf: _confine.Confinements):
+    """The zygote's life: confine, warm up, probe, announce, fork until the worker goes."""
+    os.umask(0o022)
+    _confine.build_root(conf)
+    loaded, failed = warm_up(config["preload"], config["warmup_code"])
     reason = _seccomp.supported() if config["seccomp"] else "disabled by configuration"
     zygote = Zygote(sock, config, index, seccomp=reason is None)
     if reason is None:
