@@ -56,6 +56,7 @@ class _Worker:
         child.close()
         self.conn = Connection(parent.detach())
         self.ready = False
+        self._closing = threading.Lock()
 
     def wait_ready(self) -> bool:
         if not self.ready:
@@ -67,10 +68,16 @@ class _Worker:
                 return False
         return self.ready
 
+    def close_conn(self) -> None:
+        """Close the connection once: the pool's `close()` and a starting worker's admitter
+        (whose poll fails when `close()` got there first) may both try, from two threads."""
+        with self._closing, contextlib.suppress(OSError):
+            self.conn.close()
+
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(timeout=5)
-        self.conn.close()
+        self.close_conn()
 
 
 class WorkerPool:
@@ -190,4 +197,4 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait(timeout=5)
-            worker.conn.close()
+            worker.close_conn()
