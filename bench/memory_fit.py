@@ -24,7 +24,13 @@ from pathlib import Path
 
 import yaml
 
-from rstar2_trainer.training.memory import GIB, ModelShape, Setup, peak_bytes
+from rstar2_trainer.training.memory import (
+    GIB,
+    ModelShape,
+    Setup,
+    peak_bytes,
+    training_moments,
+)
 from rstar2_trainer.training.memory_probe import ProbeShape, measure, probe_setup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +86,20 @@ GPU_SHAPES = [
         layers=8, heads=40, kv_heads=8, head_dim=128, prompt_tokens=1024,
         response_lengths=[12288, 11000, 12288, 9000], micro_batch_tokens=32768,
         checkpointing=True, param_dtype="bfloat16", device="cuda", expandable_segments=True,
+    ),
+    # Held out: added with the model's three moments, predicted before they first ran. Qwen3-8B's
+    # width with 12 of its 36 blocks at 12K, and Qwen3-0.6B at 4K without checkpointing.
+    ProbeShape(
+        name="qwen3-8b-l12-12k", vocab=151936, hidden=4096, intermediate=12288, layers=12,
+        heads=32, kv_heads=8, head_dim=128, prompt_tokens=1024,
+        response_lengths=[12288, 10000, 12288, 8000], micro_batch_tokens=32768,
+        checkpointing=True, param_dtype="bfloat16", device="cuda", expandable_segments=True,
+    ),
+    ProbeShape(
+        name="qwen3-0.6b-4k-no-ckpt", vocab=151936, hidden=1024, intermediate=3072, layers=28,
+        heads=16, kv_heads=8, head_dim=128, prompt_tokens=1024,
+        response_lengths=[4096, 3500, 4096, 3000], micro_batch_tokens=16384,
+        param_dtype="bfloat16", device="cuda", expandable_segments=True,
     ),
 ]
 # fmt: on
@@ -142,31 +162,44 @@ def main(argv: list[str] | None = None) -> int:
 
     validation = []
     if not args.skip_validation:
-        print(f"{'shape':<22} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7} {'s':>6}")
+        print(
+            f"{'shape':<28} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7} {'s':>6}  "
+            "moment: predicted / measured MiB"
+        )
         shapes = GPU_SHAPES if args.gpu else SHAPES
         for shape in [s for s in shapes if args.only is None or s.name in args.only]:
             t0 = time.perf_counter()
             try:
                 m = measure(shape, timeout_s=1800)
             except RuntimeError as exc:  # one shape's failure (an OOM, say) is a result too
-                print(f"{shape.name:<22} failed: {exc}", flush=True)
+                print(f"{shape.name:<28} failed: {exc}", flush=True)
                 validation.append({"shape": shape.name, "error": str(exc)})
                 continue
             b = peak_bytes(probe_setup(shape))
             err = b.training / m["measured_bytes"] - 1
             seconds = time.perf_counter() - t0
+            moments = training_moments(b.training_terms)
+            predicted = {  # the probe reads forward+backward and the optimizer step apart
+                "backward": max(moments["head_backward"], moments["block_backward"]),
+                "optimizer": moments["optimizer_step"],
+            }
+            apart = "  ".join(
+                f"{k} {predicted[k] / 2**20:.0f} / {m[f'{k}_bytes'] / 2**20:.0f}"
+                for k in predicted
+                if f"{k}_bytes" in m
+            )
             print(
-                f"{shape.name:<22} {b.training / 2**20:>14.1f} "
-                f"{m['measured_bytes'] / 2**20:>13.1f} {err:>+7.1%} {seconds:>6.1f}",
+                f"{shape.name:<28} {b.training / 2**20:>14.1f} "
+                f"{m['measured_bytes'] / 2**20:>13.1f} {err:>+7.1%} {seconds:>6.1f}  {apart}",
                 flush=True,
             )
             if "reserved_peak_bytes" in m:
-                print(f"{'':<22} reserved {m['reserved_peak_bytes'] / 2**20:.1f} MiB", flush=True)
+                print(f"{'':<28} reserved {m['reserved_peak_bytes'] / 2**20:.1f} MiB", flush=True)
             for cycle in ("cycle1", "cycle2"):
                 if cycle in m.get("offload", {}):
                     o = m["offload"][cycle]
                     print(
-                        f"{'':<22} {cycle}: offload {o['offload_bytes'] / 2**30:.1f} GiB in "
+                        f"{'':<28} {cycle}: offload {o['offload_bytes'] / 2**30:.1f} GiB in "
                         f"{o['offload_s']:.2f} s, onload {o['onload_s']:.2f} s, "
                         f"left {o['left_on_device_bytes'] / 2**20:.0f} MiB, exact {o['exact']}",
                         flush=True,
@@ -177,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                     "predicted_bytes": b.training,
                     "measured_bytes": m["measured_bytes"],
                     "rel_error": err,
+                    "moment": b.moment,
+                    "predicted_moments": moments,
                     "probe": shape.model_dump(),
                     "measured": m,
                     "terms": b.training_terms,

@@ -7,12 +7,14 @@ import pytest
 from rstar2_trainer.config import load_config
 from rstar2_trainer.training.memory import (
     GIB,
+    MOMENTS,
     ModelShape,
     Setup,
     check_fits,
     fits,
     peak_bytes,
     setup_from_config,
+    training_moments,
 )
 
 SMALL = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32)
@@ -80,8 +82,26 @@ def test_training_terms_by_hand():
     assert t["block_backward"] == 40 * 2 * (48 + 16)
     # Kept: 32 scored tokens x (2 x 8 + 24); chunk 8 x 32 x 12; fp32 + bf16 head gradient.
     assert t["loss"] == 32 * 40 + 8 * 32 * 12 + 6 * 32 * 8
+    assert t["head_grad"] == 2 * 32 * 8 and t["recompute"] == 0
+    assert t["optimizer_step"] == 4 * 860  # foreach AdamW: one fp32 tensor per parameter
     ckpt = peak_bytes(s.model_copy(update={"checkpointing": True})).training_terms
-    assert ckpt["activations"] == 2 * 40 * 2 * 8 + 40 * per_token
+    assert ckpt["activations"] == 2 * 40 * 2 * 8 and ckpt["recompute"] == 40 * per_token
+
+
+def test_the_training_peak_is_the_largest_moment_not_the_sum_of_terms():
+    """The head's chunks, a recomputed block and AdamW's temporaries are never live together."""
+    q14 = ModelShape.from_hf(QWEN3_14B_JSON)
+    long = Setup(model=q14, world_size=8, row_tokens=13312, response_tokens=12288, kv_bytes=0)
+    b = peak_bytes(long)
+    moments = training_moments(b.training_terms)
+    assert b.moment == "block_backward" and b.training == moments["block_backward"] + 8 * GIB
+    state = sum(b.training_terms[k] for k in ("master", "grads", "adam"))
+    assert moments["optimizer_step"] == state + b.training_terms["optimizer_step"]
+    assert b.training < sum(b.training_terms.values())  # the old model summed them all
+    assert {k for k, _ in b.largest(20)} <= {*MOMENTS["block_backward"], "overhead"}
+    # One rank holding the whole state with short rows: AdamW's step is the peak.
+    short = long.model_copy(update={"world_size": 1, "row_tokens": 1024, "response_tokens": 512})
+    assert peak_bytes(short).moment == "optimizer_step"
 
 
 def test_colocated_peak_is_the_larger_phase_and_offload_matters():

@@ -13,12 +13,21 @@ Contract
 - `setup_from_config(config, model_config)` builds the `Setup` of a `TrainerConfig` and a Hugging
   Face `config.json` dict; `check_fits(...)` raises `ValueError` with one line naming the peak,
   the device and the largest terms when a recipe does not fit.
+- `training_moments(terms)` names the three moments a step's memory can peak in (below) and
+  their totals; `Breakdown.moment` says which one is the training peak.
 - Pure arithmetic: no torch. Validated against `memory_probe` (bench/memory_fit.py) on CPU and
   on one H200 (Qwen3-1.7B and 4B at 8K, the 14B's width at 12K).
 
-What the terms model (training phase, a step's backward peak):
-- `master`, `grads`, `adam`: 4 + 4 + 8 bytes a parameter, over W ranks (fp32 master weights,
-  fp32 gradients kept across micro-batches, AdamW's two moments).
+What the terms model (training phase). A step's memory peaks in one of three moments, and the
+training total is the largest of them plus `overhead`:
+- the head's backward: the state, the resident terms, `final_norm` and `loss`;
+- a block's backward: the state, the resident terms, `recompute`, `block_backward` and `head_grad`
+  (the head's backward has ended and freed its chunks and accumulator);
+- the optimizer step: the state and `optimizer_step` (activations and unsharded parameters are
+  gone by then).
+The terms:
+- `master`, `grads`, `adam` (the state): 4 + 4 + 8 bytes a parameter, over W ranks (fp32 master
+  weights, fp32 gradients kept across micro-batches, AdamW's two moments).
 - `root_params`: FSDP2's root (embeddings, final norm, head) stays unsharded in c bytes from
   forward to backward (`reshard_after_forward=False` in `distributed.shard_model`);
   `block_params`: two blocks unsharded at a time (the running one and the prefetched one), with
@@ -27,17 +36,23 @@ What the terms model (training phase, a step's backward peak):
   fp32 copy and two c-byte outputs each), 4q + 2cq and 4k + 2ck (q/k norms), ck (v), 2c(q + k)
   (RoPE's rotate_half and outputs), 2cq (attention output and its contiguous copy), 2cq more when
   the batch is padded (`repeat_kv` copies k and v for SDPA with a mask) and 4ci (the SwiGLU MLP).
-  With checkpointing a block keeps only its input (ch a token) and one block is recomputed in
-  backward. Plus the padded batch's boolean attention mask (R x L x L bytes), the final norm and
-  the backward's working gradients of one block (c x (3i + 2h) a token).
-- `loss`: the chunked fused head (`head_logprobs`): c x h + 24 bytes a scored token kept for
-  backward, and while the first chunk's backward runs 12 x C x V bytes of chunk logits plus the
-  head's fp32 gradient accumulator and one c-byte [V, h] product.
+  With checkpointing a block keeps only its input (ch a token), and `recompute` is one block's
+  activations rebuilt in its backward. `attention_mask`: the padded batch's boolean mask
+  (R x L x L bytes). These four and the two parameter terms are the resident terms.
+- `final_norm`: the final RMSNorm's saved tensors; `loss`: the chunked fused head
+  (`head_logprobs`): c x h + 24 bytes a scored token kept for backward, and while the first
+  chunk's backward runs 12 x C x V bytes of chunk logits plus the head's fp32 gradient
+  accumulator and one c-byte [V, h] product.
+- `block_backward`: one block's working gradients (c x (3i + 2h) a token); `head_grad`: the
+  head's c-byte gradient, held until the root's reduce-scatter at the end of backward.
+- `optimizer_step`: `torch.optim.AdamW` (foreach, the default on GPUs) builds one fp32 tensor per
+  parameter (the square root of the second moment), 4 bytes a parameter over W.
 - `overhead`: the framework: CUDA/HIP context, NCCL/RCCL buffers, the caching allocator's slack;
   8 GiB by default. On one H200 (docs/RESULTS.md, "First GPU run") the allocator reserved 7 GiB
   beyond the allocated peak with expandable segments (the trainer's default on CUDA) at the
-  14B's width and 12K tokens, and 13-21 GiB without them; the allocated peaks of three Qwen3
-  shapes were 3-16 % below the training terms. Zero for the CPU validation.
+  14B's width and 12K tokens, and 13-21 GiB without them. Zero for the CPU validation.
+Validated on one H200 (docs/RESULTS.md, "The memory model's moments"): each moment against
+`max_memory_allocated` between the step's start and `optimizer.step()` and within it.
 Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
 or gpu_memory_utilization x device minus the weights), an activation/graph reserve, and, with
 offload off, the training state that stays on the device. `host`: the host RAM a colocated
@@ -143,13 +158,17 @@ class Breakdown(BaseModel):
 
     training_terms: dict[str, int]
     rollout_terms: dict[str, int]
+    moment: str  # the training moment that peaks (`MOMENTS`)
     training: int
     rollout: int
     peak: int
     host: int  # host RAM this device's offloads take at their largest (colocated only)
 
     def largest(self, n: int = 3) -> list[tuple[str, int]]:
-        terms = {**self.training_terms} if self.training >= self.rollout else self.rollout_terms
+        if self.training >= self.rollout:
+            terms = {k: self.training_terms[k] for k in (*MOMENTS[self.moment], "overhead")}
+        else:
+            terms = self.rollout_terms
         return sorted(terms.items(), key=lambda kv: -kv[1])[:n]
 
 
@@ -170,6 +189,15 @@ def _layer_activation_bytes(m: ModelShape, c: int, padded: bool) -> int:
     )
 
 
+STATE = ("master", "grads", "adam")
+RESIDENT = ("root_params", "block_params", "activations", "attention_mask")
+MOMENTS: dict[str, tuple[str, ...]] = {
+    "head_backward": (*STATE, *RESIDENT, "final_norm", "loss"),
+    "block_backward": (*STATE, *RESIDENT, "recompute", "block_backward", "head_grad"),
+    "optimizer_step": (*STATE, "optimizer_step"),
+}
+
+
 def training_terms(s: Setup) -> dict[str, int]:
     m, c, w = s.model, s.compute_bytes, s.world_size
     p = m.params
@@ -177,9 +205,9 @@ def training_terms(s: Setup) -> dict[str, int]:
     scored = s.rows * s.response_tokens  # N
     layer = _layer_activation_bytes(m, c, s.padded)
     if s.checkpointing:
-        acts = m.layers * tokens * c * m.hidden + tokens * layer
+        acts, recompute = m.layers * tokens * c * m.hidden, tokens * layer
     else:
-        acts = m.layers * tokens * layer
+        acts, recompute = m.layers * tokens * layer, 0
     chunk = min(s.loss_chunk_tokens, scored)
     head = m.vocab * m.hidden
     return {
@@ -191,10 +219,18 @@ def training_terms(s: Setup) -> dict[str, int]:
         "activations": acts,
         "attention_mask": s.rows * s.row_tokens**2 if s.padded else 0,
         "final_norm": tokens * (4 + 2 * c) * m.hidden,
-        "block_backward": tokens * c * (3 * m.intermediate + 2 * m.hidden),
         "loss": scored * (c * m.hidden + 24) + 12 * chunk * m.vocab + (4 + c) * head,
+        "recompute": recompute,
+        "block_backward": tokens * c * (3 * m.intermediate + 2 * m.hidden),
+        "head_grad": c * head,
+        "optimizer_step": math.ceil(4 * p / w),
         "overhead": s.overhead_bytes,
     }
+
+
+def training_moments(terms: Mapping[str, int]) -> dict[str, int]:
+    """Bytes live at each moment a training step can peak in (`MOMENTS`), overhead excluded."""
+    return {name: sum(terms[t] for t in names) for name, names in MOMENTS.items()}
 
 
 def rollout_terms(s: Setup, device_bytes: int | None = None) -> dict[str, int]:
@@ -222,7 +258,9 @@ def peak_bytes(s: Setup, device_bytes: int | None = None) -> Breakdown:
     roll = rollout_terms(s, device_bytes)
     if s.placement == "split":  # engines on GPUs of their own; nothing of training there
         roll["training_state"] = 0
-    t, r = sum(train.values()), sum(roll.values())
+    moments = training_moments(train)
+    moment = max(moments, key=moments.__getitem__)
+    t, r = moments[moment] + train["overhead"], sum(roll.values())
     host = 0
     if s.placement == "colocated":
         asleep = roll["engine_weights"] if s.sleep_level == 1 else 0  # while the ranks train
@@ -231,6 +269,7 @@ def peak_bytes(s: Setup, device_bytes: int | None = None) -> Breakdown:
     return Breakdown(
         training_terms=train,
         rollout_terms=roll,
+        moment=moment,
         training=t,
         rollout=r,
         peak=max(t, r),

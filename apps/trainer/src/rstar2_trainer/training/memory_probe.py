@@ -8,7 +8,9 @@ GPU, or fp32, which this CPU runs five times faster), and runs
 trainer computes it) on random rows. One warm-up step first, so the AdamW state exists as it does
 in a run; then the high-water mark is reset (`/proc/self/clear_refs`), a second step runs, and
 the child reports VmHWM minus the RSS it had before the model was built: everything that step's
-peak holds (weights, gradients, optimizer state, activations, the loss's tensors).
+peak holds (weights, gradients, optimizer state, activations, the loss's tensors). The peak is
+also read apart for the forward and backward (up to `optimizer.step()`, `backward_bytes`) and
+for the optimizer step itself (`optimizer_bytes`), the moments `memory.py` models.
 
 Honest measurement needs freed memory to leave the process: the child runs with glibc's
 `MALLOC_MMAP_THRESHOLD_` at 64 KiB (every tensor of note is its own mapping, unmapped on free)
@@ -155,23 +157,43 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
         )
 
     step()  # the AdamW state now exists, as in every step of a run but the first
+
+    def reset_peak() -> None:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset VmHWM to the current RSS
+
+    def peak_now() -> int:
+        if cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated()
+        return _rss_kib("VmHWM") * 1024
+
+    moments: dict[str, int] = {}
+    optimizer_step = optimizer.step
+
+    def step_marked(*args: Any, **kwargs: Any) -> Any:  # the two moments apart: see memory.py
+        moments["backward"] = peak_now()
+        reset_peak()
+        result = optimizer_step(*args, **kwargs)
+        moments["optimizer"] = peak_now()
+        return result
+
     state = used()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
+    optimizer.step = step_marked
+    reset_peak()
     start = time.perf_counter()
     result = step()
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = _rss_kib("VmHWM") * 1024
+    peak = max(peak_now(), moments["backward"])
+    optimizer.step = optimizer_step
     out: dict[str, Any] = {
         "baseline_bytes": before,
         "state_bytes": state - before,
         "measured_bytes": peak - before,
+        "backward_bytes": moments["backward"] - before,  # forward and backward, to optimizer.step
+        "optimizer_bytes": moments["optimizer"] - before,  # inside optimizer.step
         "step_s": time.perf_counter() - start,
         "tokens": result.tokens,
         "micro_batches": result.micro_batches,
