@@ -157,7 +157,11 @@ def test_setup_from_the_mi300x_recipe():
     # window (an import after its baseline added ~70 MiB once) is half the peak.
     ["v152k-h128-l2", "v8k-h128-l2-bf16"],
 )
-def test_a_real_step_is_within_15_percent_of_the_model(kind):
+def test_a_real_steps_memory_above_its_state_is_within_15_percent_of_the_model(kind):
+    """What a step adds above the state it starts from (AdamW's state exists after the warm-up
+    step), predicted against measured. On the CPU the resting RSS also holds 20-40 MiB the model
+    does not name (the allocator's and autograd's own), half of a small bf16 shape's peak; on a
+    GPU the allocated bytes hold none of it (docs/RESULTS.md, "second GPU run")."""
     from rstar2_trainer.training.memory_probe import ProbeShape, measure, probe_setup
 
     small = kind == "v8k-h128-l2-bf16"
@@ -175,9 +179,12 @@ def test_a_real_step_is_within_15_percent_of_the_model(kind):
         micro_batch_tokens=512,
         param_dtype="bfloat16" if small else "float32",
     )
-    measured = measure(shape)["measured_bytes"]
-    predicted = peak_bytes(probe_setup(shape)).training
+    m = measure(shape)
+    b = peak_bytes(probe_setup(shape))
+    state = sum(b.training_terms[k] for k in ("master", "grads", "adam"))
+    predicted, measured = b.training - state, m["measured_bytes"] - m["state_bytes"]
     assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
+    assert m["state_bytes"] >= state  # the resting state is at least what the model counts
 
 
 def test_a_gpu_run_that_does_not_fit_is_refused_before_anything_starts(tmp_path):
