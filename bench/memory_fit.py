@@ -101,6 +101,14 @@ GPU_SHAPES = [
         response_lengths=[4096, 3500, 4096, 3000], micro_batch_tokens=16384,
         param_dtype="bfloat16", device="cuda", expandable_segments=True,
     ),
+    # The `gpu-1` recipe's own step: Qwen3-1.7B (tied head) on one GPU at its longest stage (6K),
+    # 16,384-token micro-batches, checkpointing: does it fit a 40 GB card, as LAUNCH.md once said?
+    ProbeShape(
+        name="qwen3-1.7b-gpu1-6k", vocab=151936, hidden=2048, intermediate=6144, layers=28,
+        heads=16, kv_heads=8, head_dim=128, tied=True, prompt_tokens=1024,
+        response_lengths=[6144, 5000, 6144, 4000], micro_batch_tokens=16384, checkpointing=True,
+        param_dtype="bfloat16", device="cuda", expandable_segments=True,
+    ),
 ]
 # fmt: on
 
