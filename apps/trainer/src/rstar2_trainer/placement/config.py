@@ -70,6 +70,12 @@ class ClusterConfig(BaseModel):
         description="Memory of one GPU; the run is refused at start when the memory model's "
         "per-device peak exceeds it. None: read from the driver's GPU (no check without one).",
     )
+    memory_overhead_gib: float = Field(
+        default=8.0,
+        ge=0,
+        description="What that check adds beyond the model's tensors for the CUDA context, NCCL "
+        "and the caching allocator's slack (measured 2-7 GiB on one H200: apps/trainer/SCALE.md).",
+    )
     bucket_bytes: int = Field(
         default=1 << 30,
         gt=0,
