@@ -223,7 +223,7 @@ def test_gpu1_on_a_40_gb_card_needs_the_overhead_allowance_lowered(tmp_path):
     a100 = ["cluster.device_memory_gib=39.4"]  # torch's total_memory of an A100 40 GB
     config = load_config("gpu-1", a100)
     assert config.cluster is not None
-    with pytest.raises(ClusterError, match="needs 40.1 GiB"):
+    with pytest.raises(ClusterError, match=r"needs 40\.1 GiB"):
         check_memory(config, tmp_path, config.cluster)
     lowered = load_config("gpu-1", [*a100, "cluster.memory_overhead_gib=4"])
     assert lowered.cluster is not None
