@@ -3,11 +3,13 @@
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default OUT_DIR: bench/results/gpu_check
 #
-# Stages, each under its own timeout (about 8 minutes in all on one H100):
+# Stages, each under its own timeout (without vLLM and Ray about 6 minutes on one H200):
 #   env        driver, torch, vLLM, Ray, NCCL/RCCL versions, shared-memory size, Ray's NOSET_*
 #   memory     bench/memory_fit.py --gpu: the memory model against `max_memory_allocated` of real
-#              RL steps (Qwen3-1.7B and 4B at 8K, the 14B's width at 12K), and the colocated
-#              offload/onload of the 4B's training state (bytes, seconds, exact round trip)
+#              RL steps, the backward and the optimizer step apart (Qwen3-1.7B and 4B at 8K, the
+#              14B's and 8B's widths at 12K, Qwen3-0.6B without checkpointing, the gpu-1
+#              recipe's step), and the colocated offload/onload of the 4B's training state
+#              (bytes, seconds, exact round trip)
 #   gpu_step   bench/gpu_step.py: the GRPO-RoC step at Qwen's 151,936 vocabulary and 4K-token
 #              sequences (peak memory), FSDP2 under torchrun, and the sync check (one RL step,
 #              push to a vLLM engine, greedy output changes and equals transformers' bf16)
@@ -81,7 +83,7 @@ skip_stage() {  # name reason
     echo "gpu_check: $1 skipped ($2)"
 }
 
-run_stage memory 300 "${py[@]}" bench/memory_fit.py --gpu --skip-setups --json "$out/memory_fit.json"
+run_stage memory 420 "${py[@]}" bench/memory_fit.py --gpu --skip-setups --json "$out/memory_fit.json"
 
 skip=()
 has vllm || skip=(--skip vllm)
