@@ -356,7 +356,11 @@ def confine_call(
     gets a stamp (`_child.stamper`) at the end of each stage.
     """
     stamp = _child.stamper(stamps)
-    os.setsid()
+    # A process group of its own in the zygote's session, which has no controlling terminal (the
+    # zygote called setsid): killable as a group, no terminal to reach, and in the zygote's
+    # scheduling autogroup, so the worker's renice of a long call weighs against other calls
+    # (a session per call would be an autogroup per call, where a task's nice does nothing).
+    os.setpgid(0, 0)
     parent = os.getppid()
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:

@@ -48,6 +48,25 @@ _UID_SLOTS = 1000
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _renice(pid: int, nice: int) -> None:
+    """Set the nice value of every thread of a call (a nice value is a thread's own, and one a
+    call started early would keep spinning at full weight). Calls share the zygote's session and
+    scheduling autogroup, so the value weighs against the worker's other calls. Lowering it needs
+    root; a thread started while the list is read is caught by the next pass."""
+    done: set[int] = set()
+    for _ in range(3):
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
+        except (OSError, ValueError):
+            return
+        if not tids:
+            return
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        done |= tids
+
+
 @dataclass
 class _Call:
     id: int
@@ -253,6 +272,8 @@ class Worker:
     def kill(self, call: _Call, reason: str) -> None:
         if not call.killed:
             call.killed = reason
+        if call.demoted and call.pid > 0:  # a dying process needs the CPU to tear itself down
+            _renice(call.pid, 0)
         signal_pidfd(call.pidfd, signal.SIGKILL)
 
     # --- the zygote's messages -----------------------------------------------------------------
@@ -478,10 +499,9 @@ class Worker:
             cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
         except (OSError, IndexError, ValueError):
             return
-        if cpu >= 0.5 * (now - call.started):
+        if cpu >= 0.5 * (now - call.started) or cpu >= self.config["demote_after_s"]:
             call.demoted = True
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, call.pid, 19)
+            _renice(call.pid, 19)
         else:
             call.next_check = now + self.config["demote_after_s"]
 

@@ -425,6 +425,7 @@ def start(
             ours.close()
             _LIBC.prctl(_confine._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             _LIBC.prctl(_confine._PR_SET_DUMPABLE, 0, 0, 0, 0)
+            os.setsid()  # no controlling terminal for the zygote or any call it forks
             null = os.open("/dev/null", os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)

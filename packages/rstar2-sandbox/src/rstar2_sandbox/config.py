@@ -96,7 +96,10 @@ class SandboxConfig(BaseModel):
         default=120.0, gt=0, description="CPU seconds a session may use over all its cells."
     )
     demote_after_s: float = Field(
-        default=0.25, ge=0, description="A call running longer is reniced so short ones go first."
+        default=0.1,
+        ge=0,
+        description="A call that has used this much CPU, or half a core for this long, is "
+        "reniced so short ones go first.",
     )
     worker_memory_bytes: int | None = Field(
         default=None,
