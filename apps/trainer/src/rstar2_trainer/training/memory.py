@@ -16,7 +16,7 @@ Contract
 - `training_moments(terms)` names the three moments a step's memory can peak in (below) and
   their totals; `Breakdown.moment` says which one is the training peak.
 - Pure arithmetic: no torch. Validated against `memory_probe` (bench/memory_fit.py) on CPU and
-  on one H200 (Qwen3-1.7B and 4B at 8K, the 14B's width at 12K).
+  on one H200 (Qwen3-0.6B, 1.7B and 4B at 4-8K, the 8B's and 14B's widths at 12K).
 
 What the terms model (training phase). A step's memory peaks in one of three moments, and the
 training total is the largest of them plus `overhead`:
@@ -48,7 +48,7 @@ The terms:
 - `optimizer_step`: `torch.optim.AdamW` (foreach, the default on GPUs) builds one fp32 tensor per
   parameter (the square root of the second moment), 4 bytes a parameter over W.
 - `overhead`: the framework: CUDA/HIP context, NCCL/RCCL buffers, the caching allocator's slack;
-  8 GiB by default. On one H200 (docs/RESULTS.md, "First GPU run") the allocator reserved 7 GiB
+  8 GiB by default (`cluster.memory_overhead_gib` in a recipe). On one H200 (docs/RESULTS.md, "First GPU run") the allocator reserved 7 GiB
   beyond the allocated peak with expandable segments (the trainer's default on CUDA) at the
   14B's width and 12K tokens, and 13-21 GiB without them. Zero for the CPU validation.
 On one H200 (docs/RESULTS.md, "second GPU run"), against `max_memory_allocated` read up to
