@@ -52,9 +52,9 @@ The terms:
   beyond the allocated peak with expandable segments (the trainer's default on CUDA) at the
   14B's width and 12K tokens, and 13-21 GiB without them. Zero for the CPU validation.
 On one H200 (docs/RESULTS.md, "second GPU run"), against `max_memory_allocated` read up to
-`optimizer.step()` and within it: the optimizer step within 0.1 %, the backward 4.5-9 % over with
-checkpointing and 12 % over without, on four Qwen3 shapes, two of them held out; a fifth, held
-out, with a tied head, 1.1 % under (0.36 GiB, inside `overhead`).
+`optimizer.step()` and within it: the optimizer step within 0.1 %, the backward 4.5-10 % over
+with checkpointing and 12 % over without, on five Qwen3 shapes, two of them held out; a sixth,
+held out, with a tied head, 1.1 % under (0.36 GiB, inside `overhead`).
 Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
 or gpu_memory_utilization x device minus the weights), an activation/graph reserve, and, with
 offload off, the training state that stays on the device. `host`: the host RAM a colocated
