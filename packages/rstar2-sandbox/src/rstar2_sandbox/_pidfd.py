@@ -3,13 +3,18 @@
 `outer_pid(pidfd)` is the call's pid in the worker's pid namespace (0 once it is gone),
 `has_exited(pidfd)` polls without reaping (the zygote reaps), `signal_pidfd(pidfd, signum)` sends
 a signal that cannot reach a recycled pid; a negative pidfd (not forked yet) is a no-op.
+`cpu_seconds(pid)` and `renice(pid, nice)` read a running call's CPU time and set the nice value
+of all its threads, by the pid `outer_pid` gave.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import signal
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def outer_pid(pidfd: int) -> int:
@@ -28,3 +33,32 @@ def signal_pidfd(pidfd: int, signum: int) -> None:
     if pidfd >= 0:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(pidfd, signum)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of the process so far; None when it cannot be read (it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def renice(pid: int, nice: int) -> None:
+    """Set the nice value of every thread of a call (a nice value is a thread's own, and one a
+    call started early would keep spinning at full weight). Calls share the zygote's session and
+    scheduling autogroup, so the value weighs against the worker's other calls. Lowering it needs
+    root; a thread started while the list is read is caught by the next pass."""
+    done: set[int] = set()
+    for _ in range(3):
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
+        except (OSError, ValueError):
+            return
+        if not tids:
+            return
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        done |= tids

@@ -41,30 +41,10 @@ from typing import Any
 
 from rstar2_sandbox import _child, _confine, _profile, _zygote
 from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
-from rstar2_sandbox._pidfd import has_exited, outer_pid, signal_pidfd
+from rstar2_sandbox._pidfd import cpu_seconds, has_exited, outer_pid, renice, signal_pidfd
 
 _CHUNK = 1 << 16
 _UID_SLOTS = 1000
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _renice(pid: int, nice: int) -> None:
-    """Set the nice value of every thread of a call (a nice value is a thread's own, and one a
-    call started early would keep spinning at full weight). Calls share the zygote's session and
-    scheduling autogroup, so the value weighs against the worker's other calls. Lowering it needs
-    root; a thread started while the list is read is caught by the next pass."""
-    done: set[int] = set()
-    for _ in range(3):
-        try:
-            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
-        except (OSError, ValueError):
-            return
-        if not tids:
-            return
-        for tid in tids:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-        done |= tids
 
 
 @dataclass
@@ -273,7 +253,7 @@ class Worker:
         if not call.killed:
             call.killed = reason
         if call.demoted and call.pid > 0:  # a dying process needs the CPU to tear itself down
-            _renice(call.pid, 0)
+            renice(call.pid, 0)
         signal_pidfd(call.pidfd, signal.SIGKILL)
 
     # --- the zygote's messages -----------------------------------------------------------------
@@ -493,15 +473,12 @@ class Worker:
         if call.pid <= 0:  # it has exited (fdinfo says -1): nothing to demote
             call.demoted = True
             return
-        try:
-            with open(f"/proc/{call.pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-        except (OSError, IndexError, ValueError):
+        cpu = cpu_seconds(call.pid)
+        if cpu is None:
             return
         if cpu >= 0.5 * (now - call.started) or cpu >= self.config["demote_after_s"]:
             call.demoted = True
-            _renice(call.pid, 19)
+            renice(call.pid, 19)
         else:
             call.next_check = now + self.config["demote_after_s"]
 
