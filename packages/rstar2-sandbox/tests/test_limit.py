@@ -8,8 +8,8 @@ from rstar2_sandbox._limit import RECHECK_RUNNABLE, demotion, judge
 from rstar2_sandbox._pidfd import Usage
 
 
-def _seen(cpu: float, wait: float, runnable: bool, threads: int = 1) -> Usage:
-    return Usage(cpu_s=cpu, threads=threads, wait_s=wait, runnable=runnable)
+def _seen(cpu: float, wait: float, runnable: bool, threads: int = 1, nice: int = 0) -> Usage:
+    return Usage(cpu_s=cpu, threads=threads, wait_s=wait, runnable=runnable, nice=nice)
 
 
 @pytest.mark.parametrize(
@@ -23,22 +23,25 @@ def _seen(cpu: float, wait: float, runnable: bool, threads: int = 1) -> Usage:
         (4.0, _seen(0.5, 3.0, True), "", 1.0),  # 1 s of its own so far: 1 s left at most
         (1.0, _seen(1.5, 0.0, True, threads=2), "", 0.25),  # two threads: 0.5 s of CPU left
         (20.0, _seen(0.3, 19.5, True), "starved", 0.0),  # 10 x its limit, never its own time
+        (20.0, _seen(0.3, 19.5, True, nice=19), "timeout", 0.0),  # ...having lowered itself
+        (20.0, _seen(0.3, 19.5, True, nice=10), "starved", 0.0),  # the worker's own renice
     ],
 )
 def test_the_verdict_is_on_the_programs_own_time(wall, seen, kind, recheck):
-    verdict = judge(2.0, wall, seen, None, ceiling_factor=10.0)
+    verdict = judge(2.0, wall, seen, None, ceiling_factor=10.0, nice=10)
     assert verdict.kind == kind
     assert verdict.recheck_s == pytest.approx(recheck)  # decided: no next look
     if kind == "timeout":
         assert verdict.message.startswith("time limit of 2 s reached")
+        assert ("lowered its own priority" in verdict.message) == (seen.nice == 19)
     if kind == "starved":
         assert verdict.message.startswith("sandbox: the host was too busy")
 
 
 def test_a_session_cell_counts_from_its_own_start():
     before = _seen(5.0, 3.0, False)  # what earlier cells used
-    assert judge(1.0, 0.5, _seen(5.4, 3.0, True), before, 30.0).kind == ""
-    assert judge(1.0, 1.2, _seen(6.0, 3.1, True), before, 30.0).kind == "timeout"
+    assert judge(1.0, 0.5, _seen(5.4, 3.0, True), before, 30.0, 0).kind == ""
+    assert judge(1.0, 1.2, _seen(6.0, 3.1, True), before, 30.0, 0).kind == "timeout"
 
 
 def test_demotion_follows_the_cpu_a_call_has_used():

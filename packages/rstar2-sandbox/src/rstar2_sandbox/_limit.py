@@ -9,8 +9,10 @@ account lacks it, and a call that is only waiting for a CPU must not be charged 
 endless loop ends after its limit of CPU, a `sleep` after its limit of wall time, and a call
 slowed by a busy host runs until it has had its time. A call still running at `ceiling_factor`
 times its limit in wall time, having used neither, was starved by the host: "starved", which the
-worker answers as a `sandbox_error` (not the program's fault). Each verdict says when to look
-again: the earliest moment the limit or the ceiling could be reached.
+worker answers as a `sandbox_error` (not the program's fault), unless the call lowered its own
+priority below the worker's (a higher nice value, or the batch or idle policy on any thread):
+then its starving is its own doing and a timeout. Each verdict says when to look again: the
+earliest moment the limit or the ceiling could be reached.
 
 `demotion` is the least-attained-service order the worker renices calls by: nice 10 once a call
 has used `first` seconds of CPU (or half a core that long), nice 19 at `second`; fresh short
@@ -41,10 +43,11 @@ class Verdict:
 
 
 def judge(
-    limit: float, wall: float, seen: Usage, base: Usage | None, ceiling_factor: float
+    limit: float, wall: float, seen: Usage, base: Usage | None, ceiling_factor: float, nice: int
 ) -> Verdict:
     """The verdict on a call `wall` seconds after its start; `base` is its account at the start
-    (a session's before the cell; None for a one-shot call, which starts from zero)."""
+    (a session's before the cell; None for a one-shot call, which starts from zero); `nice` is
+    the value the worker gave it."""
     base = base or Usage(0.0, 1, 0.0, False)
     cpu, waited = seen.cpu_s - base.cpu_s, max(0.0, seen.wait_s - base.wait_s)
     own = wall - waited  # running, sleeping or blocked: what it would have taken alone
@@ -53,6 +56,9 @@ def judge(
         return Verdict("timeout", f"time limit of {limit:g} s reached (CPU time)", 0.0)
     if own >= limit and not seen.runnable:
         message = f"time limit of {limit:g} s reached (running, sleeping or blocked)"
+        return Verdict("timeout", message, 0.0)
+    if wall >= ceiling and (seen.nice > nice or seen.policy != 0):
+        message = f"time limit of {limit:g} s reached (it lowered its own priority)"
         return Verdict("timeout", message, 0.0)
     if wall >= ceiling:
         message = (
@@ -74,12 +80,14 @@ def demotion(cpu: float, wall: float, nice: int, first: float, second: float) ->
     return nice, max(CHECK_AT_LEAST, (first if nice == 0 else second - cpu))
 
 
-def look(pid: int, limit: float, wall: float, base: Usage | None, ceiling_factor: float) -> Verdict:
+def look(
+    pid: int, limit: float, wall: float, base: Usage | None, ceiling_factor: float, nice: int
+) -> Verdict:
     """`judge` on the running call `pid`; one that is gone is left to its exit (a second look)."""
     seen = usage(pid) if pid > 0 else None
     if seen is None:
         return Verdict("", "", CHECK_AT_LEAST)
-    return judge(limit, wall, seen, base, ceiling_factor)
+    return judge(limit, wall, seen, base, ceiling_factor, nice)
 
 
 def step_down(pid: int, nice: int, wall: float, first: float, second: float) -> tuple[int, float]:

@@ -104,6 +104,7 @@ class Worker:
         self.free_slots = collections.deque(range(_UID_SLOTS))  # FIFO: a uid is reused late
         self.inbox = bytearray()
         self.running = True
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0)  # what calls start with (the zygote's)
 
     # --- plumbing -------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -481,7 +482,8 @@ class Worker:
                 call.deadline = now + _limit.CHECK_AT_LEAST  # its exit is on the way
             elif now >= call.deadline:
                 call.pid = call.pid or outer_pid(call.pidfd)
-                verdict = _limit.look(call.pid, call.timeout_s, wall, None, factor)
+                nice = max(call.nice, self.nice)
+                verdict = _limit.look(call.pid, call.timeout_s, wall, None, factor, nice)
                 call.deadline = now + verdict.recheck_s
                 if verdict.kind:
                     self.kill(call, verdict.kind, verdict.message)
@@ -496,7 +498,7 @@ class Worker:
             if cell is not None:
                 if now >= cell.deadline:
                     pid, wall = outer_pid(session.pidfd), now - cell.started
-                    verdict = _limit.look(pid, cell.timeout_s, wall, cell.base, factor)
+                    verdict = _limit.look(pid, cell.timeout_s, wall, cell.base, factor, self.nice)
                     cell.deadline = now + verdict.recheck_s
                     if verdict.kind == "timeout":
                         self.close_session(session, f"timed out ({verdict.message})", "timeout")
