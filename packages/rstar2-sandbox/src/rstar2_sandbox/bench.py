@@ -117,14 +117,14 @@ def _false_timeouts(
             continue
         solo = alone[index]
         if solo.status is not ExecutionStatus.TIMEOUT and solo.wall_s < limit:
-            found.append(_example(job, result) | {"alone_wall_s": solo.wall_s,
-                                                  "alone_cpu_s": solo.cpu_s})  # fmt: skip
+            alone_s = {"alone_wall_s": solo.wall_s, "alone_cpu_s": solo.cpu_s}
+            found.append(_example(job, result) | alone_s)
     return found
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    return {"min": min(values, default=0.0), "p50": _percentile(values, 0.5),
-            "max": max(values, default=0.0)}  # fmt: skip
+    low, high = min(values, default=0.0), max(values, default=0.0)
+    return {"min": low, "p50": _percentile(values, 0.5), "max": high}
 
 
 async def _drive(options: BenchOptions, address: str, server_pid: int | None) -> dict[str, Any]:
@@ -154,12 +154,14 @@ async def _drive(options: BenchOptions, address: str, server_pid: int | None) ->
         await asyncio.sleep(0.5)
         after = _resources(server_pid) if server_pid else {}
         info = (await client.info())[0].model_dump()
-        timed_out = [
-            j for j, r in zip(jobs, results, strict=True)
-            if r.status is ExecutionStatus.TIMEOUT and j.status is not ExecutionStatus.TIMEOUT
-            and int(j.request.request_id) not in alone
-        ]  # fmt: skip
-        alone |= await _alone(client, timed_out, options.timeout_s)
+        suspects = [  # timed out, not a loop, not yet run alone
+            job
+            for job, result in zip(jobs, results, strict=True)
+            if result.status is ExecutionStatus.TIMEOUT
+            and job.status is not ExecutionStatus.TIMEOUT
+            and int(job.request.request_id) not in alone
+        ]
+        alone |= await _alone(client, suspects, options.timeout_s)
     false_timeouts = _false_timeouts(jobs, results, alone, options.timeout_s)
     cpu_alone = [alone[int(j.request.request_id)] for j in jobs if j.kind == "cpu"]
     wrong = [j for j, r in zip(jobs, results, strict=True) if not j.check(r)]
