@@ -66,9 +66,14 @@ class ChildSandbox(SandboxClient):
     """A `rstar2-sandbox serve` child on loopback, reached as a `SandboxClient`."""
 
     def __init__(
-        self, address: str, token: str, process: asyncio.subprocess.Process, home: Path
+        self,
+        address: str,
+        token: str,
+        process: asyncio.subprocess.Process,
+        home: Path,
+        wall_ceiling_factor: float,
     ) -> None:
-        super().__init__(address, token=token)
+        super().__init__(address, token=token, wall_ceiling_factor=wall_ceiling_factor)
         self.address = address
         self.process = process
         self._home = home
@@ -110,7 +115,7 @@ class ChildSandbox(SandboxClient):
             last = error.splitlines()[-1] if error else "no output"
             raise SandboxStartError(f"the sandbox child did not start: {last}")
         asyncio.get_running_loop().create_task(_drain(process.stderr))
-        return cls(match.group(1).decode(), token, process, home)
+        return cls(match.group(1).decode(), token, process, home, limits.wall_ceiling_factor)
 
     async def close(self) -> None:
         await super().close()

@@ -24,9 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from rstar2_proto.sandbox.v1 import sandbox_pb2 as pb
 from rstar2_proto.sandbox.v1 import sandbox_pb2_grpc as pb_grpc
 from rstar2_sandbox import _wire
+from rstar2_sandbox.config import SandboxConfig
 from rstar2_sandbox.execution import ExecutionRequest, ExecutionResult, ExecutionStatus
 
 _MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_WALL_CEILING_FACTOR = SandboxConfig.model_fields["wall_ceiling_factor"].default
 
 
 class ServerInfo(BaseModel):
@@ -67,14 +69,18 @@ class SandboxClient:
         root_certificates: bytes | None = None,
         retry_after_s: float = 1.0,
         deadline_margin_s: float = 30.0,
+        wall_ceiling_factor: float = _WALL_CEILING_FACTOR,
     ) -> None:
-        """`deadline_margin_s`: each RPC's deadline is its timeout plus this (queue and wire)."""
+        """Each RPC's deadline is its timeout times `wall_ceiling_factor` (the servers' own: a
+        call slowed by a busy host may run that long before it is stopped) plus
+        `deadline_margin_s` (queue and wire)."""
         addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not addresses:
             raise ValueError("SandboxClient needs at least one server address")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retry_after_s = retry_after_s
         self._margin = deadline_margin_s
+        self._ceiling = wall_ceiling_factor
         # A connection of its own (no subchannel shared with other clients in this process):
         # servers scope sessions to the caller's token or connection.
         options = [
@@ -106,7 +112,9 @@ class SandboxClient:
         server.outstanding += 1
         try:
             return await server.stub.Execute(
-                message, timeout=(timeout or 60.0) + self._margin, metadata=self._metadata
+                message,
+                timeout=(timeout or 60.0) * self._ceiling + self._margin,
+                metadata=self._metadata,
             )
         finally:
             server.outstanding -= 1
