@@ -122,6 +122,27 @@ class EndpointModel(_Frozen):
 ModelConfig = Annotated[LocalModel | EndpointModel, Field(discriminator="kind")]
 
 
+class JudgeConfig(_Frozen):
+    """The judge of pairwise benchmarks (Arena-Hard): an OpenAI-compatible chat endpoint."""
+
+    url: str = Field(
+        default="", description="Base URL, e.g. https://api.openai.com/v1; empty: no judge."
+    )
+    model: str = Field(default="", description="The judge model's name at that endpoint.")
+    api_key: str = Field(
+        default="",
+        exclude=True,
+        repr=False,
+        description="Bearer token; rstar2-eval reads it from the variable api_key_env, and it "
+        "is never written to disk.",
+    )
+    api_key_env: str = Field(
+        default="OPENAI_API_KEY", description="The environment variable holding the key."
+    )
+    timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout.")
+    concurrency: int = Field(default=16, gt=0, description="Judge requests in flight at once.")
+
+
 def _tool_spelling(data: Any) -> Any:
     """The evaluator's old tool spellings, mapped to rstar2-sandbox's backends:
     `{kind: grpc, address: "a,b"}` is `{kind: remote, addresses: [a, b]}`, and the limits of
@@ -185,6 +206,9 @@ class EvalConfig(SamplingProtocol):
         default_factory=SandboxConfig, description="Per-call limits of the tool."
     )
     verify: VerifyConfig = Field(default_factory=VerifyConfig, description="Answer grading.")
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="The judge of pairwise benchmarks (Arena-Hard)."
+    )
     reward: RewardConfig = Field(
         default=FREE_FORM,
         description="What is graded: the whole response by default (any model's free-form "
