@@ -33,6 +33,7 @@ Not covered here: sampling (rstar2-eval's `evaluate`), maths and multiple-choice
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -41,7 +42,32 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_curriculum import Problem
 
-__all__ = ["CheckFailed", "Checker", "Prompt", "Response", "Verdict"]
+__all__ = ["CheckFailed", "Checker", "Prompt", "Response", "Verdict", "reply_text"]
+
+_SPECIAL = re.compile(r"<\|[a-z_]+\|>|</s>")
+_HIDDEN = ("think", "reason", "tool_call", "tool_response")
+
+
+def reply_text(raw: str) -> str:
+    """What a benchmark reads of a reply (`Response.text`): chat-template tokens dropped, every
+    reasoning and tool block removed (a closing tag with no opening one ends a reasoning the
+    prompt opened; an unclosed one runs to the end), and the last `<answer>` block's content
+    when there is one."""
+    text = _SPECIAL.sub("", raw)
+    for tag in _HIDDEN:
+        opening, closing = f"<{tag}>", f"</{tag}>"
+        first_close = text.find(closing)
+        if first_close >= 0 and opening not in text[:first_close]:
+            text = text[first_close + len(closing) :]
+        parts, pos = [], 0
+        while (start := text.find(opening, pos)) >= 0:
+            parts.append(text[pos:start])
+            end = text.find(closing, start)
+            pos = len(text) if end < 0 else end + len(closing)
+        text = "".join([*parts, text[pos:]])
+    if "<answer>" in text:
+        text = text[text.rfind("<answer>") + len("<answer>") :].split("</answer>")[0]
+    return text.strip()
 
 
 class CheckFailed(RuntimeError):
@@ -71,8 +97,9 @@ class Response(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     text: str = Field(
-        description="The reply as the benchmark reads it: decoded without special tokens, "
-        "reasoning blocks (<think>...</think>, <reason>...</reason>) removed."
+        description="The reply as the benchmark reads it (`reply_text`): chat-template tokens, "
+        "reasoning and tool blocks (<think>, <reason>, <tool_call>, <tool_response>) removed, "
+        "the last <answer> block's content when there is one."
     )
     raw: str = Field(description="The whole decoded reply, special tokens and reasoning kept.")
     finish_reason: str = Field(
