@@ -101,9 +101,9 @@ CATALOG: dict[str, EvalBenchmark] = {
 
 # The reference checkers, by benchmark: module and class (scorers/__init__.py's interface).
 _CHECKERS = {
-    "ifeval": ("rstar2_evaluator.scorers.ifeval", "IFEvalChecker"),
-    "bfcl_v3": ("rstar2_evaluator.scorers.bfcl", "BFCLChecker"),
-    "arena_hard": ("rstar2_evaluator.scorers.arena", "ArenaChecker"),
+    "ifeval": ("rstar2_evaluator.scorers.checkers", "IFEvalChecker"),
+    "bfcl_v3": ("rstar2_evaluator.scorers.checkers", "BFCLChecker"),
+    "arena_hard": ("rstar2_evaluator.scorers.checkers", "ArenaChecker"),
 }
 
 
@@ -147,4 +147,6 @@ def build_checker(config: EvalConfig, sandbox: Sandbox | None = None) -> Checker
             f"{name}: its reference checker ({module_name}) cannot be imported ({error})"
         ) from None
     checker_class = getattr(module, class_name)
-    return checker_class(judge=config.judge) if name == "arena_hard" else checker_class()
+    if name == "arena_hard":
+        return checker_class(judge=config.judge, seed=config.seed)
+    return checker_class()
