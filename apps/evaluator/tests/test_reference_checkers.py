@@ -264,7 +264,7 @@ def test_arena_hard_and_the_paper_suite_judged_by_a_real_openai_server(
         out = tmp_path / "arena"
         argv = ["run", str(tiny_model), "arena_hard", "--data", str(_arena_copy(tmp_path / "a"))]
         argv += ["--out", str(out), *QUICK, f"judge.url=http://127.0.0.1:{port}/v1"]
-        argv += ["judge.model=judge", "judge.api_key_env=RSTAR2_TEST_JUDGE"]
+        argv += ["judge.model=judge", "judge.api_key_env=RSTAR2_TEST_JUDGE", "judge.max_tokens=16"]
         assert main(argv) == 0
         summary = json.loads((out / "summary.json").read_text())
         assert (summary["benchmark"], summary["metric"], summary["n"]) == (
@@ -282,7 +282,7 @@ def test_arena_hard_and_the_paper_suite_judged_by_a_real_openai_server(
         argv = ["run", str(tiny_model), "paper", "--data", str(data), "--out", str(suite_out)]
         argv += [*QUICK, "max_turns=1", "sandbox.preload=[]", "tool.workers=1", "verify.workers=1"]
         argv += [f"judge.url=http://127.0.0.1:{port}/v1", "judge.model=judge"]
-        argv += ["judge.api_key_env=RSTAR2_TEST_JUDGE"]
+        argv += ["judge.api_key_env=RSTAR2_TEST_JUDGE", "judge.max_tokens=16"]
         capsys.readouterr()
         assert main(argv) == 0
         printed = capsys.readouterr().out

@@ -141,6 +141,12 @@ class JudgeConfig(_Frozen):
     )
     timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout.")
     concurrency: int = Field(default=16, gt=0, description="Judge requests in flight at once.")
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="The judge's reply budget; None: the benchmark's own (arena-hard-auto's "
+        "4096 for v0.1, 16000 for v2).",
+    )
 
 
 class CodeSettings(_Frozen):

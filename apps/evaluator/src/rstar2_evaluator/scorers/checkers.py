@@ -251,7 +251,8 @@ class ArenaChecker:
             url=self.judge.url,
             model=self.judge.model,
             api_key_env=self.judge.api_key_env,
-            max_tokens=arena.JUDGE_MAX_TOKENS.get(problem.metadata["category"], 16000),
+            max_tokens=self.judge.max_tokens
+            or arena.JUDGE_MAX_TOKENS.get(problem.metadata["category"], 16000),
             timeout_s=self.judge.timeout_s,
         )
         question = arena.ArenaQuestion(problem.id, problem.metadata["category"], problem.question)
