@@ -117,7 +117,9 @@ def _run_suite(args: argparse.Namespace, console: Console) -> int:
         extra: dict[str, Any] = {"out": str(out / row.benchmark)}
         if row.benchmark in data:
             extra["benchmark.data"] = data[row.benchmark]
-        configs.append(_config_of(args, row.benchmark, extra, row.overrides))
+        config = _config_of(args, row.benchmark, extra, row.overrides)
+        catalog.build_checker(config)  # a missing judge or reference scorer: said before any run
+        configs.append(config)
     done: dict[str, Any] = {}
     for row, config in zip(suite.rows, configs, strict=True):
         console.rule(f"{row.label or row.benchmark}")
