@@ -310,8 +310,9 @@ class EvalSettings(_Section):
     )
     sources: list[str] = Field(
         default_factory=list,
-        description="Benchmark files (JSONL or Parquet rows with question and answer, the "
-        "evaluator's format), each reported as avg@k under its file name.",
+        description="Benchmarks, each reported as avg@k: a name graded by answer (aime24, "
+        "gpqa_diamond, ...; `rstar2-eval benchmarks`), NAME=PATH for its local copy in the "
+        "published format, or a JSONL/Parquet file with question and answer.",
     )
     benchmark: SamplingProtocol = Field(
         default_factory=SamplingProtocol,
