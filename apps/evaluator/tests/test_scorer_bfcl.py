@@ -36,7 +36,8 @@ def _value(v: Any) -> Any:
 
 def _calls(problem: bfcl.BFCLProblem) -> list[dict[str, Any]]:
     if problem.ground_truth is None:
-        return [{"name": problem.function[0]["name"], "arguments": {}}]
+        name = problem.function[0]["name"] if problem.function else "lookup"
+        return [{"name": name, "arguments": {}}]
     calls = []
     for call in problem.ground_truth:
         ((name, params),) = call.items()
