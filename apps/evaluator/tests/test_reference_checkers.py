@@ -22,8 +22,6 @@ import time
 
 import pytest
 
-pytest.importorskip("rstar2_evaluator.scorers.ifeval")  # until eval-scorers is merged
-
 from rstar2_evaluator.cli import main
 from rstar2_evaluator.config import JudgeConfig
 from rstar2_evaluator.scorers import Response, Verdict, reply_text

@@ -41,8 +41,17 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_curriculum import Problem
+from rstar2_evaluator.scorers._data import ScorerDataError
 
-__all__ = ["CheckFailed", "Checker", "Prompt", "Response", "Verdict", "reply_text"]
+__all__ = [
+    "CheckFailed",
+    "Checker",
+    "Prompt",
+    "Response",
+    "ScorerDataError",
+    "Verdict",
+    "reply_text",
+]
 
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>|</s>")
 _HIDDEN = ("think", "reason", "tool_call", "tool_response")
