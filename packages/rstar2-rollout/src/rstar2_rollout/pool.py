@@ -59,11 +59,13 @@ P = TypeVar("P", bound=ProblemLike)
 
 @dataclass(frozen=True)
 class Pending(Generic[P]):
-    """A submission's problems not taken yet, with what they were submitted with."""
+    """A submission's problems not taken yet, with what they were submitted with and how many
+    steps ago it started (0 while queued)."""
 
     problems: list[P]
     n: int
     config: RolloutConfig
+    age: int = 0
 
 
 class RolloutPool(Generic[P]):
@@ -116,13 +118,14 @@ class RolloutPool(Generic[P]):
         """Groups that would still fit under the capacity."""
         return self.capacity - self.in_flight - self.queued
 
-    def submit(self, problems: Sequence[P], n: int, config: RolloutConfig) -> None:
+    def submit(self, problems: Sequence[P], n: int, config: RolloutConfig, *, age: int = 0) -> None:
         """Queue `n` samples of each problem (sampled as `config` says); they start as soon as
-        they fit. Returns at once."""
+        they fit. Returns at once. `age`: steps to count as already spent in the pool (a
+        resumed run's `pending()` from its checkpoint, so what was due stays due)."""
         if problems:
             if len({p.id for p in problems}) != len(problems):
                 raise ValueError("a submission names one problem twice")
-            self._queued.append(Pending(list(problems), n, config))
+            self._queued.append(Pending(list(problems), n, config, age))
             self._start_queued()
 
     def _start_queued(self) -> None:
@@ -132,12 +135,17 @@ class RolloutPool(Generic[P]):
                 return
             self._queued.pop(0)
             sub = self.core.submit(first.problems, first.n, first.config)
-            self._started[sub.number] = self.steps
+            self._started[sub.number] = self.steps - first.age
 
     def pending(self) -> list[Pending[P]]:
         """What was submitted and not taken, per submission, oldest first."""
         started = [
-            Pending([g.problem for g in s.groups.values()], s.n, s.config)
+            Pending(
+                [g.problem for g in s.groups.values()],
+                s.n,
+                s.config,
+                self.steps - self._started[s.number],
+            )
             for s in self.core.submissions.values()
             if s.groups
         ]
