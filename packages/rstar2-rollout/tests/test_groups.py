@@ -86,6 +86,7 @@ def test_one_problem_in_two_submissions_fails_no_request(runner, sandbox, tokeni
     assert first.failed_jobs == [] and second.failed_jobs == []
     assert [len(s.trajectories) for s in (first, second)] == [3, 3]
     assert len(engine.seen) == 6 and len(set(engine.seen)) == 6  # every request id its own
+    assert sum("@" in r for r in engine.seen) == 3  # the second stream's, while the first ran
     assert [len(g.trajectories) for g in core.ready] == [3, 3] and core.finished == 2
 
 

@@ -8,9 +8,10 @@ max_response_tokens on one engine, and yields `RolloutResult`s in completion ord
 (its engine died, the loop raised) comes back as a trajectory with finish_reason "error" and the
 reason, rather than ending the stream.
 
-Every job gets a request id of its own, `problem id/sample index@stream` (the stream counted per
-service), which the loop extends per turn: one problem in flight in two streams at once (an
-asynchronous step's pool draws it again) never sends an engine a request id that is running.
+Every job gets a request id no running job of the service has, which the loop extends per turn
+(`/turn`): `problem id/sample index`, or, while that one runs in another stream (an asynchronous
+step's pool drew the problem again), `problem id/sample index@stream` (streams counted per
+service). So an engine, which refuses a request id that is running (vLLM), is never sent one.
 `generate_gated` is `generate_samples` whose jobs wait on a gate (an `asyncio.Event`, open when
 set) before each engine call: the rollout pool's pause (groups.py).
 
@@ -218,7 +219,8 @@ class RolloutService:
         self._generating = 0
         self._updates = 0  # updates waiting or running: new generations wait behind them
         self._loading: asyncio.Lock | None = None  # one update at a time
-        self._streams = 0  # streams opened: part of every request id
+        self._streams = 0  # streams opened
+        self._running_ids: set[str] = set()  # request ids of the jobs running now
 
     def check(self, problems: Sequence[RolloutTask], sampling: RolloutSampling) -> RolloutSampling:
         """Validate a request and fill its defaults; raise InvalidRolloutRequest/NoHealthyEngine."""
@@ -333,7 +335,13 @@ class RolloutService:
 
             async def run(engine: Engine, p=problem, i=i) -> Trajectory:
                 held = engine if hold is None else _Gated(engine, hold)
-                return await self._produce(p, i, held, resolved, f"{p.id}/{i}@{stream}")
+                rid = f"{p.id}/{i}"
+                rid = rid if rid not in self._running_ids else f"{rid}@{stream}"
+                self._running_ids.add(rid)
+                try:
+                    return await self._produce(p, i, held, resolved, rid)
+                finally:
+                    self._running_ids.discard(rid)
 
             jobs.append(Job(run, reserve, resolved.max_response_tokens, (problem.id, i)))
         results = self.scheduler.stream(jobs)
