@@ -16,7 +16,7 @@ imports `policies` when such a config names one. What is here:
 - `simengine`, `simulate`: a model of vLLM V1's scheduler on a virtual clock, and one simulated
   RL step of agentic rollouts through the real `Scheduler` (used by bench/rollout_sched.py and
   bench/calibrate_engine.py);
-- `asyncsim`: several RL steps on that simulator with a trainer beside the engines: today's
+- `asyncsim`: several RL steps on that simulator with a trainer beside the engines: the
   synchronous steps against bounded-staleness asynchronous ones with partial rollouts (used by
   bench/rollout_async.py).
 
