@@ -62,8 +62,9 @@ def engine(tiny_model) -> Any:
     return Counted(HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model), name="hf-0"))
 
 
-def _service(engine: Any, tokenizer: Any) -> RolloutService:
-    """A service whose agent takes 4 turns for the last sample of a 'long*' problem, else 1."""
+def _service(engine: Any, tokenizer: Any, cap: int | None = None) -> RolloutService:
+    """A service whose agent takes 4 turns for the last sample of a 'long*' problem, else 1;
+    least_requests with `cap` jobs per engine at most."""
 
     def prompt_ids(problem: RolloutTask) -> list[int]:
         return tokenizer.encode(problem.question)
@@ -92,7 +93,7 @@ def _service(engine: Any, tokenizer: Any) -> RolloutService:
         traj.finish_reason = "answered"
         return traj
 
-    policy = LeastRequestsPolicy(max_running_per_engine=16)
+    policy = LeastRequestsPolicy(max_running_per_engine=cap)
     scheduler: Scheduler[Trajectory] = Scheduler([engine], SchedulerConfig(policy=policy))
     return RolloutService(scheduler, produce, lambda p: len(prompt_ids(p)))
 
@@ -269,3 +270,27 @@ def test_submission_order_returns_the_oldest_batch_whole_while_the_next_one_runs
     assert left == 1  # "c" is still in the pool for the step after
     with pytest.raises(ValueError, match="order must be"):
         RolloutPool(None, Reward(), groups_per_step=1, order="random")  # type: ignore[arg-type]
+
+
+def test_a_pause_holds_no_job_where_the_scheduler_caps_them(runner, engine, tokenizer):
+    """With one job per engine at most, a held job would keep the only place from the
+    evaluation the pause makes room for: the pool's trajectories go on, the evaluation runs."""
+    from rstar2_rollout import collect
+
+    async def main():
+        service = _service(engine, tokenizer, cap=1)
+        pool = RolloutPool(service, Reward(), groups_per_step=1, max_staleness=1)
+        try:
+            pool.submit([RolloutTask("long", "q")], N, CONFIG)
+            await asyncio.sleep(TOOL_S / 2)
+            async with pool.paused():
+                evaluation = collect(service, Reward(), [RolloutTask("e", "q e")], 2, CONFIG)
+                got = await asyncio.wait_for(evaluation, timeout=60)
+            taken = await pool.next_batch()
+            return got, taken
+        finally:
+            await pool.close()
+            await service.scheduler.close()
+
+    got, taken = runner.run(main())
+    assert len(got.trajectories) == 2 and [p.id for p in taken.problems] == ["long"]

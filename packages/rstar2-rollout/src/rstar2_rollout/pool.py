@@ -24,9 +24,10 @@ submission starts and which groups a step takes, so that a run trains on what it
   it on the new ones (`at_push: abort`). Only a group all of whose jobs failed is not returned
   (`failed_groups`).
 - **Paused, not drained.** `paused()` holds what has not started (queued submissions) and, on a
-  source that takes a gate (`RolloutService`), the next turn of every running trajectory; turns
-  and tool calls already running finish. Checkpoints and stage switches (evaluations, the
-  hard-subset pass) run inside it; the groups go on afterwards.
+  source that takes a gate (`RolloutService` whose scheduler starts every job at once, the
+  default least_requests), the next turn of every running trajectory; turns and tool calls
+  already running finish. Checkpoints and stage switches (evaluations, the hard-subset pass) run
+  inside it; the groups go on afterwards. Elsewhere running trajectories go on generating.
 - `order="submission"` (one-step-off steps): `next_batch` returns the oldest submission's groups,
   waiting for each, and stops where that submission ends, while later submissions run.
 

@@ -221,6 +221,13 @@ class Scheduler(Generic[T]):
             )
         return out
 
+    @property
+    def starts_every_job(self) -> bool:
+        """Whether every job starts at once, whatever runs (least_requests without a cap): a job
+        waiting between its turns then keeps nothing from another job."""
+        policy = self.config.policy
+        return isinstance(policy, LeastRequestsPolicy) and policy.max_running_per_engine is None
+
     def fits(self, reserve_tokens: int) -> bool:
         """Whether some live engine could ever hold a job of this size (the KV policies limit)."""
         return self.admission.fits(reserve_tokens)

@@ -13,7 +13,9 @@ Every job gets a request id no running job of the service has, which the loop ex
 step's pool drew the problem again), `problem id/sample index@stream` (streams counted per
 service). So an engine, which refuses a request id that is running (vLLM), is never sent one.
 `generate_gated` is `generate_samples` whose jobs wait on a gate (an `asyncio.Event`, open when
-set) before each engine call: the rollout pool's pause (groups.py).
+set) before each engine call: the rollout pool's pause (groups.py), used only where the scheduler
+starts every job at once (least_requests without a cap), so that no held job keeps a place
+another job needs.
 
 Bad requests raise `InvalidRolloutRequest` before any work starts; a node with no healthy engine
 raises `NoHealthyEngine`. The gRPC servicer maps them to INVALID_ARGUMENT and UNAVAILABLE.
@@ -318,8 +320,12 @@ class RolloutService:
         sampling: RolloutSampling,
         gate: asyncio.Event,
     ) -> AsyncGenerator[RolloutResult, None]:
-        """`generate_samples` whose jobs wait on `gate` before each engine call (`GatedSource`)."""
-        return self.generate_samples(samples, sampling, gate=gate)
+        """`generate_samples` whose jobs wait on `gate` before each engine call (`GatedSource`),
+        where the scheduler starts every job at once; under a policy that caps or reserves per
+        job (kv_aware, `max_running_per_engine`) a held job would keep its place from the very
+        jobs the pause makes room for, so the gate is not used there."""
+        hold = gate if self.scheduler.starts_every_job else None
+        return self.generate_samples(samples, sampling, gate=hold)
 
     async def _generate(
         self,
