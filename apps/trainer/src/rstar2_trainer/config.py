@@ -33,7 +33,7 @@ from rstar2_rollout import (
     VLLMEngineConfig,
 )
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
-from rstar2_trainer.asyncsteps import AsyncConfig, check_async
+from rstar2_trainer.asyncsteps import AsyncConfig, check_async, off_policy_default
 from rstar2_trainer.placement.config import ClusterConfig, RemoteRolloutConfig
 from rstar2_verify import VerifyConfig
 
@@ -469,6 +469,10 @@ class TrainerConfig(_Section):
     @model_validator(mode="after")
     def _async_is_what_is_built(self) -> TrainerConfig:
         check_async(self)
+        default = off_policy_default(self)
+        if default is not None:  # the algo section's default depends on the async one
+            algo = self.algo.model_copy(update={"off_policy": default})
+            object.__setattr__(self, "algo", algo)  # frozen: set once, while validating
         return self
 
     @model_validator(mode="after")

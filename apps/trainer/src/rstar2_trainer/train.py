@@ -14,8 +14,9 @@ FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weigh
 start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
 writes the policy folder. The engines load the model folder themselves, so nothing is pushed
 before SFT (remote rollout services, which loaded their own copy, get the policy's weights
-first). Trajectories come from `parts.source` (local engines or remote rollout services) through one
-`collect`. A step is `rl_step` (rollout to update, its metrics) then
+first). Trajectories come from `parts.source` (local engines or remote rollout services) through
+`collect`, or the rollout pool with asynchronous steps (rstar2-rollout's one core under both).
+A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 Weights versions: `Run.weights_version` counts the pushes (`sync`) of this process, and each
 engine counts the updates it loaded since it started, so the two agree; every step logs the
@@ -23,22 +24,25 @@ rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a tra
 oldest token version; 0 in a synchronous run), `staleness_unknown` (no version known) and
 `turns_resumed` (turns aborted at a push and resumed on the new weights, `async.at_push`).
 
-Partial rollouts (`async.partial_rollout`; local engines or split placement, where the engine
-actors generate while the ranks train, or colocated, where they sleep meanwhile): a step
-submits its batch to the run's `RolloutPool` and trains on the first `curriculum.batch_size`
-groups to finish, whichever step submitted them; the rest keep running into the next step (their
-later turns on the new weights), and groups more than `async.max_staleness` versions old are
-dropped. Every step logs `groups_trained`, `groups_carried`, `groups_dropped_stale` and
-`groups_drained`, and what the pool generated while the policy trained, counted at the engines
-and the pool around the update (`turns_during_train`, `tokens_during_train`,
+Asynchronous steps (`async.max_staleness` >= 1; local engines or split placement, where the
+engine actors generate while the ranks train, or colocated, where they sleep meanwhile) keep the
+run's `RolloutPool` (rstar2-rollout) in flight across steps and train on what it drew: a step
+submits its batch (and draws batches ahead while a whole one fits under the pool's capacity of
+`(max_staleness + 1) x curriculum.batch_size` groups: the first step, a resumed run), and takes
+the groups due (started `max_staleness` steps ago) first, then with partial rollouts
+(`async.partial_rollout`) the oldest finished ones, or one-step-off the oldest batch whole. No
+group is discarded for staleness: its later turns run on the new weights, each token records
+its version, and the loss corrects the stale tokens (`algo.off_policy`, TIS by default for
+asynchronous steps: asyncsteps.py). A stage switch (its evaluation and hard-subset pass) and a
+checkpoint pause the pool (queued submissions wait, running trajectories hold their next turn)
+instead of draining it; the checkpoint records what was drawn and not trained, and a resumed
+run submits it again. Every step logs `drawn` (the problems the curriculum drew for it),
+`groups` (those it trains), `groups_trained`, `groups_carried`, `groups_failed` (the same
+shape in a synchronous step), and what the pool generated while the policy trained, counted at
+the engines and the pool around the update (`turns_during_train`, `tokens_during_train`,
 `groups_finished_during_train`; answers as the driver received them, so a reply in transit when
 the update began counts): a driver policy trains on a worker thread then (policy.py), training
-ranks are awaited. A stage switch (its evaluation and hard-subset pass) and a
-checkpoint drain the pool first (cancel what runs, discard what waits), so a checkpoint never
-holds rollouts in flight and `--resume` restarts exactly where the uninterrupted run stood;
-carrying needs `run.checkpoint_every` > 1. One-step-off steps (`async.max_staleness` >= 1
-without partial rollouts) use the same pool in submission order: a step trains the oldest batch
-in it, whole (the one the step before submitted), while its own generates.
+ranks are awaited.
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
@@ -53,6 +57,7 @@ derives from (run seed, step, ...) so a resumed run draws the batches the uninte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,8 +69,15 @@ import numpy as np
 import torch
 
 from rstar2_algos import build_algorithm
-from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
-from rstar2_rollout import RolloutPool, Trajectory, collect, derive_seed, staleness_stats
+from rstar2_curriculum import Curriculum, Problem, StepMetrics, write_jsonl
+from rstar2_rollout import (
+    RolloutConfig,
+    RolloutPool,
+    Trajectory,
+    collect,
+    derive_seed,
+    staleness_stats,
+)
 from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
@@ -183,9 +195,12 @@ async def run_steps(run: Run, ckpt: Any, traces: list) -> None:
     steps = run.config.async_
     if steps.max_staleness > 0:  # partial rollouts, or one-step-off: whole batches in order
         parts = run.parts
-        order = "finish" if steps.partial_rollout else "submission"
         run.pool = RolloutPool(
-            parts.source, parts.scorer, max_staleness=steps.max_staleness, order=order
+            parts.source,
+            parts.scorer,
+            groups_per_step=run.curriculum.batch_size,
+            max_staleness=steps.max_staleness,
+            order="finish" if steps.partial_rollout else "submission",
         )
     try:
         if ckpt is None:
@@ -283,6 +298,11 @@ async def restore(run: Run, ckpt: Any) -> None:
     run.curriculum.load_state_dict(ckpt.state["curriculum"])
     run.evals = list(ckpt.state["evals"])
     await sync(run)
+    if run.pool is not None:  # drawn and not trained at the checkpoint: rolled out again
+        for pending in ckpt.state.get("pool", []):
+            problems = [Problem.model_validate(p) for p in pending["problems"]]
+            config = RolloutConfig.model_validate(pending["config"])
+            run.pool.submit(problems, pending["n"], config, age=pending["age"])
     report.console.print(f"resumed {run.run_dir} at RL step {run.step}")
 
 
@@ -323,7 +343,6 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
     )
     metrics: dict[str, Any] = {
         "stage": stage.name,
-        "batch": [p.id for p in batch.problems],
         "lr": lr,
         **trajectory_stats(trajectories),
         **group_stats(trajectories),
@@ -373,14 +392,16 @@ def generated(run: Run) -> dict[str, int]:
 async def roll_out(
     run: Run, problems: list, n: int, rollout: Any
 ) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The step's graded trajectories and the rollout's metrics: `n` of every problem
-    (`collect`), or with partial rollouts the first `len(problems)` groups to finish in the pool,
-    or one-step-off the oldest batch in the pool, whole.
+    """The step's graded trajectories and the rollout's metrics, one shape whatever the mode:
+    `n` of every problem (`collect`), or with asynchronous steps the step's groups from the run's
+    `RolloutPool` (`RolloutPool.step`: this step's problems submitted, the curriculum's next
+    batches drawn ahead while a whole one fits, sampled with seeds of their own; due groups
+    first, then the oldest finished, or one-step-off the oldest batch whole).
 
-    The pool holds two steps' batches: this step's problems are submitted, and after a drain (an
-    empty pool) the curriculum's next batch too, sampled with a seed of its own; so each step
-    trains on `len(problems)` of about twice as many groups running."""
+    `drawn` lists the problems the curriculum drew for this step, `groups` the ones whose groups
+    it trains (in an asynchronous step, drawn by this step or an earlier one)."""
     parts = run.parts
+    drawn = list(problems)
     with report.progress(f"step {run.step} rollouts", len(problems) * n) as advance:
         if run.pool is None:
             got = await collect(
@@ -392,47 +413,26 @@ async def roll_out(
                 meters=parts.engines,
                 on_done=advance,
             )
-            return got.trajectories, {
-                "failed_jobs": len(got.failed_jobs),
-                "time_rollout_s": got.rollout_s,
-                "time_grade_tail_s": got.grade_tail_s,
-                "time_tool_s": got.tool_s,
-                "time_generate_s": got.generate_s,
-                "engine_idle_s": got.engine_idle_s,
-            }
+        else:
 
-        def on_group(_problem: Any) -> None:
-            for _ in range(n):
-                advance()
+            def on_group(_problem: Any) -> None:
+                for _ in range(n):
+                    advance()
 
-        ahead: list = []
-        if run.pool.in_flight + run.pool.waiting == 0:
-            ahead = run.curriculum.next_batch().problems
-        run.pool.submit(problems, n, rollout)
-        seed = derive_seed(run.config.run.seed, "rl", run.step, "ahead")
-        run.pool.submit(ahead, n, rollout.model_copy(update={"seed": seed}))
-        part = await run.pool.next_batch(
-            len(problems), run.weights_version, meters=parts.engines, on_group=on_group
-        )
-    return part.trajectories, {
-        "batch_ahead": [p.id for p in ahead],
-        "groups": [p.id for p in part.problems],
-        "groups_trained": len(part.problems),
-        "groups_carried": part.carried,
-        "groups_dropped_stale": part.stale_dropped,
-        "groups_failed": part.failed_groups,
-        "failed_jobs": len(part.failed_jobs),
-        "time_rollout_s": part.wait_s,
-        "time_grade_tail_s": 0.0,  # a group is returned once graded
-        "time_tool_s": part.tool_s,
-        "time_generate_s": part.generate_s,
-        "engine_idle_s": part.engine_idle_s,
-    }
+            def ahead(k: int) -> tuple[list, Any]:
+                seed = derive_seed(run.config.run.seed, "rl", run.step, "ahead", k)
+                more = run.curriculum.next_batch().problems
+                return more, rollout.model_copy(update={"seed": seed})
+
+            got, drawn = await run.pool.step(
+                problems, n, rollout, ahead=ahead, meters=parts.engines, on_group=on_group
+            )
+    return got.trajectories, {"drawn": [p.id for p in drawn], **got.step_metrics()}
 
 
 async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
-    """Curriculum (difficulty, stage switch), drain the pool before a stage switch or a
-    checkpoint, log, evaluation after a stage, checkpoint."""
+    """Curriculum (difficulty, stage switch), log, then the stage switch's work and the
+    checkpoint with the rollout pool paused."""
     switch = run.curriculum.end_step(
         StepMetrics(
             all_correct_share=metrics.get("all_correct_share"),
@@ -442,11 +442,15 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
         )
     )
     checkpoint = run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished
-    if run.pool is not None:
-        drain = switch is not None or checkpoint
-        metrics["groups_drained"] = await run.pool.drain() if drain else 0
     run.log.log("rl", run.step, metrics)
     report.step_line(run.step, stage.name, metrics)
+    async with run.pool.paused() if run.pool is not None else contextlib.nullcontext():
+        await switch_and_save(run, stage, switch, checkpoint)
+
+
+async def switch_and_save(run: Run, stage: Any, switch: Any, checkpoint: bool) -> None:
+    """The stage switch's work (its evaluation, optimizer reset, hard-subset pass) and the
+    checkpoint; an asynchronous run's groups in flight are paused meanwhile, not discarded."""
     if switch is not None:
         run.log.log("stage", run.step, switch.model_dump())
         report.console.print(f"stage switch after step {run.step}: {switch.reason}")
@@ -469,8 +473,19 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
 
 
 async def save(run: Run) -> None:
-    """The run's checkpoint of this step (the policy writes its own parts)."""
-    state = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
+    """The run's checkpoint of this step (the policy writes its own parts), with the groups an
+    asynchronous run drew and has not trained yet."""
+    state: dict[str, Any] = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
+    if run.pool is not None:  # drawn, not trained: a resumed run submits these again
+        state["pool"] = [
+            {
+                "problems": [p.model_dump(mode="json") for p in pending.problems],
+                "n": pending.n,
+                "config": pending.config.model_dump(mode="json"),
+                "age": pending.age,
+            }
+            for pending in run.pool.pending()
+        ]
     await run.policy.save(run.checkpoints, run.step, state)
     run.log.checkpointed(run.step)
 

@@ -27,7 +27,8 @@ Contract
 - A loss returns either the per-token loss [B, T] (masked and summed here) or, as a 0-dim tensor,
   the micro-batch's loss already summed over its loss tokens; optionally with metrics that are
   likewise sums over the micro-batch's loss tokens, which the step reports as global means per
-  loss token. `normalize_by="rows"` divides by the global number of rows instead of loss tokens
+  loss token, except a metric named `*_max`: the micro-batch's largest value, reported as the
+  largest over micro-batches and ranks (all-reduced with MAX). `normalize_by="rows"` divides by the global number of rows instead of loss tokens
   (the sequence-level aggregations of rstar2_algos); `temperature` and `with_entropy` are passed
   to `response_logprobs` (the entropy reaches the loss as `MicroBatch.entropy`, detached unless
   the loss has a true `entropy_grad` attribute: an entropy bonus needs its gradient); `grouping`
@@ -48,6 +49,7 @@ Not covered: tensor or sequence parallelism, CPU offload, and checkpoints (see
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -337,7 +339,7 @@ class StepResult:
     tokens: int  # loss tokens across all ranks
     grad_norm: float  # global norm before clipping
     micro_batches: int  # on the busiest rank
-    metrics: dict[str, float] = field(default_factory=dict)  # the loss's, per global loss token
+    metrics: dict[str, float] = field(default_factory=dict)  # per global loss token; *_max: max
 
 
 def make_micro_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> MicroBatch:
@@ -435,6 +437,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     metric_sums: dict[str, float] = {}
+    metric_maxes: dict[str, float] = {}
     for k in range(int(steps)):
         weight = 1.0 if k < len(chunks) else 0.0  # zero-weighted repeat: join the collectives
         mb = make_micro_batch(chunks[min(k, len(chunks) - 1)], pad_id, device)
@@ -450,17 +453,26 @@ def train_step(
         (masked * (scale * weight)).backward()
         loss_sum += float(masked.detach()) * weight
         for key, value in metrics.items():
-            metric_sums[key] = metric_sums.get(key, 0.0) + float(value) * weight
+            if key.endswith("_max"):  # a largest value: the max over micro-batches
+                if weight:
+                    metric_maxes[key] = max(metric_maxes.get(key, -math.inf), float(value))
+            else:
+                metric_sums[key] = metric_sums.get(key, 0.0) + float(value) * weight
     norm = _clip_grad_norm(model, max_grad_norm)
     optimizer.step()
     keys = sorted(metric_sums)  # every rank runs the same loss, so the same keys
     sums = _all_reduce([loss_sum, *(metric_sums[k] for k in keys)], dist.ReduceOp.SUM, device)
+    top = sorted(metric_maxes)
+    maxes = _all_reduce([metric_maxes[k] for k in top], dist.ReduceOp.MAX, device) if top else []
     return StepResult(
         loss=sums[0] / normalizer,
         tokens=int(total_tokens),
         grad_norm=norm,
         micro_batches=int(steps),
-        metrics={k: v / total_tokens for k, v in zip(keys, sums[1:], strict=True)},
+        metrics={
+            **{k: v / total_tokens for k, v in zip(keys, sums[1:], strict=True)},
+            **dict(zip(top, maxes, strict=True)),
+        },
     )
 
 

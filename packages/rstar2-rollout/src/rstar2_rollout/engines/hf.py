@@ -5,13 +5,18 @@ updates), so the event loop stays free while it computes. It is slow next to vLL
 paged KV cache (`kv_capacity()` is None), but it is the reference other engines are tested
 against: greedy output of vLLM after a weight sync must equal this engine's on the same weights.
 
-Logprobs are log_softmax(logits / temperature) of the raw logits (the raw logits' own at
-temperature 0): the tempered distribution the trainer scores, as the vLLM engine reports them.
-Unlike vLLM's they are not renormalised over the top-p nucleus.
+It samples exactly what `SamplingParams` says: temperature and top_p, and no top_k (transformers
+otherwise applies its default top_k of 50, or a checkpoint's `generation_config` choices such as
+Qwen3's top_k 20 and top_p 0.95; the engine clears the model's sampling defaults when it is
+built and passes top_k 0). Logprobs are of the distribution each token was drawn from:
+log_softmax of the scores `generate` sampled from (the logits after every processor and warper),
+i.e. log_softmax(logits / temperature) with top_p 1, renormalised over the nucleus with top_p < 1
+as vLLM's are, and the raw logits' own at temperature 0. This is what the trainer scores when
+top_p is 1.
 `weights_version` counts the weight updates loaded (each `Generation` carries the one it ran on).
 A request's `seed` seeds torch's global generator under the lock, so seeded sampling is
 reproducible. Needs the `hf` extra (torch, transformers).
-Not covered: batching concurrent requests together.
+Not covered: batching concurrent requests together; top_k (`SamplingParams` has none).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class HFEngine:
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "hf-0") -> None:
         self.name = name
         self.model = model.eval()
+        self.model.generation_config = _plain_generation_config(model.generation_config)
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         self.weights_version = 0  # weight updates loaded since the engine started
@@ -79,10 +85,12 @@ class HFEngine:
             "eos_token_id": stop_ids,
             "pad_token_id": self.model.generation_config.pad_token_id or stop_ids[0],
             "return_dict_in_generate": True,
-            "output_logits": True,
+            "output_scores": True,
         }
         if params.temperature > 0:
-            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+            kwargs.update(
+                do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0
+            )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.stop:
@@ -95,10 +103,8 @@ class HFEngine:
         new = out.sequences[0, len(prompt_ids) :]  # [N]
         logprobs: list[float] = []
         if params.logprobs and len(new):
-            logits = torch.stack(out.logits)[:, 0, :].float()  # [N, V]
-            if params.temperature > 0:
-                logits = logits / params.temperature
-            picked = torch.log_softmax(logits, dim=-1).gather(1, new[:, None])  # [N, 1]
+            scores = torch.stack(out.scores)[:, 0, :].float()  # [N, V], what was sampled from
+            picked = torch.log_softmax(scores, dim=-1).gather(1, new[:, None])  # [N, 1]
             logprobs = picked[:, 0].tolist()
         token_ids = new.tolist()
         stopped = bool(token_ids) and token_ids[-1] in stop_ids
@@ -126,6 +132,14 @@ class HFEngine:
 
     async def close(self) -> None:
         self._closed = True
+
+
+def _plain_generation_config(config: Any) -> Any:
+    """The model's generation config with its token ids only: no sampling defaults."""
+    from transformers import GenerationConfig
+
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    return GenerationConfig(**{k: getattr(config, k, None) for k in keep})
 
 
 def _as_list(token_id: int | list[int] | None) -> list[int]:
