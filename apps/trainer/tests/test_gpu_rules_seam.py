@@ -322,6 +322,9 @@ def test_engine_actors_use_amx_only_where_linux_permits_it() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # vLLM's import
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_where_amx_is_refused_vllm_picks_another_attention_kernel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

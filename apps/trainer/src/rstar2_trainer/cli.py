@@ -12,7 +12,7 @@ is read before the run directory is made, so a mistake leaves nothing behind. A 
 fails (a port in use, a server that dies, a Ray cluster without room for the run) is one line
 and exit code 1; the run can then be resumed. A training rank that dies (with colocated engines:
 also its engine's actor) stops the run within the step, with one line that names the rank and
-the `--resume` command (`stop_line`), exit code 1.
+the `--resume` command (`stop_line`), exit code 1; so does a run whose every engine is gone.
 """
 
 from __future__ import annotations
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
     from rstar2_trainer.placement.cluster import ClusterError
+    from rstar2_trainer.placement.engines import EngineError
     from rstar2_trainer.rundir.logs import quiet
     from rstar2_trainer.train import run
     from rstar2_trainer.training.train_workers import RankError
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ServerError, ClusterError, SandboxStartError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1
-    except RankError as exc:
+    except (RankError, EngineError) as exc:  # a lost rank, or no engine left
         print(stop_line(exc, run_dir), file=sys.stderr)
         return 1
     except KeyboardInterrupt:

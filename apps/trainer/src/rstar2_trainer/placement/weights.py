@@ -53,7 +53,7 @@ from typing import Any, Literal, Protocol
 
 from rstar2_rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from rstar2_rollout.engine import Engine, SleepingEngine, StreamingEngine
-from rstar2_trainer.placement.engines import Engines
+from rstar2_trainer.placement.engines import EngineError, Engines
 from rstar2_trainer.training.train_workers import RankError, TrainGroup
 
 
@@ -273,10 +273,20 @@ class ColocatedMover:
                     f"training {label} is gone (its colocated engine {engine.name} died)"
                 )
 
+    async def _on_engines(self, call: Any) -> Any:
+        """An `Engines` call; a rank whose engine it dropped stops the run (`RankError`, also
+        when every engine is gone)."""
+        try:
+            result = await call
+        except EngineError:
+            self._check_ranks()
+            raise
+        self._check_ranks()
+        return result
+
     async def sleep(self) -> SyncReport:
         start = time.perf_counter()
-        slept = await self.engines.sleep()
-        self._check_ranks()
+        slept = await self._on_engines(self.engines.sleep())
         report = SyncReport("sleep", asleep=slept, needs_push=True)
         if self.offload:
             moved = await self._on_ranks("onload", self.ranks.onload())
@@ -292,8 +302,7 @@ class ColocatedMover:
         if self.offload:  # the AdamW moments leave before the engine's weights come back
             moved = await self._on_ranks("offload", self.ranks.offload("optimizer"))
             report.state_bytes, report.state_s = moved["bytes"], moved["seconds"]
-        report.wake_s = await self.engines.wake(["weights"])
-        self._check_ranks()
+        report.wake_s = await self._on_engines(self.engines.wake(["weights"]))
         if len(self.engines):
             push = self.ranks.push(self.bucket_bytes)  # type: ignore[attr-defined]
             pushed = await self._on_ranks("push", push)
@@ -304,8 +313,7 @@ class ColocatedMover:
             moved = await self._on_ranks("offload", self.ranks.offload("parameters"))
             report.state_bytes = (report.state_bytes or 0.0) + moved["bytes"]
             report.state_s += moved["seconds"]
-        report.wake_s += await self.engines.wake(["kv_cache"])
-        self._check_ranks()
+        report.wake_s += await self._on_engines(self.engines.wake(["kv_cache"]))
         report.total_s = time.perf_counter() - start
         return report
 
