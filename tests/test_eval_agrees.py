@@ -86,11 +86,11 @@ async def _trainer(config, tokenizer, sandbox, engine: ScriptedModel) -> dict:
         model_dir=Path("scripted"),
         model=None,
         tokenizer=tokenizer,
-        engines=[meter],
+        engines=Engines([meter]),
         source=worker,
         sandbox=sandbox,
         scorer=Scorer(verifier, config.reward, tokenizer),
-        mover=TensorMover(Engines([meter])),  # not used: an evaluation pushes nothing
+        mover=TensorMover(Engines([])),  # not used: an evaluation pushes nothing
     )
     protocol = config.eval.protocol(top_p=config.rollout.top_p, reward=config.reward)
     try:
