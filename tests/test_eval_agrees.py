@@ -27,7 +27,9 @@ from rstar2_sandbox import LocalSandbox, SandboxConfig
 from rstar2_trainer.config import load_config
 from rstar2_trainer.evaluate import measure_accuracy
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, local_source
+from rstar2_trainer.placement.weights import TensorMover
 from rstar2_trainer.train import final_eval_command
 from rstar2_verify import Scorer, Verifier, VerifyConfig
 
@@ -84,10 +86,11 @@ async def _trainer(config, tokenizer, sandbox, engine: ScriptedModel) -> dict:
         model_dir=Path("scripted"),
         model=None,
         tokenizer=tokenizer,
-        engines=[meter],
+        engines=Engines([meter]),
         source=worker,
         sandbox=sandbox,
         scorer=Scorer(verifier, config.reward, tokenizer),
+        mover=TensorMover(Engines([])),  # not used: an evaluation pushes nothing
     )
     protocol = config.eval.protocol(top_p=config.rollout.top_p, reward=config.reward)
     try:

@@ -1,5 +1,5 @@
 """Placement without a cluster: which device an actor drives, the colocated config's rules, and
-`Engines` dropping an engine whose process died while the step goes on."""
+`Engines` dropping an engine whose process died while the driver's pushes go on."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rstar2_trainer.config import load_config
 from rstar2_trainer.placement.config import ClusterConfig
 from rstar2_trainer.placement.devices import local_device_index, rank_bundles
 from rstar2_trainer.placement.engines import EngineError, Engines
+from rstar2_trainer.placement.weights import TensorMover
 
 
 def test_ray_narrowed_devices_mean_index_zero():
@@ -121,10 +122,12 @@ def test_a_dead_engine_is_dropped_and_the_step_goes_on():
     pytest.importorskip("ray")
     lost, fine = _Lost("lost"), _Fine("fine")
     engines = Engines([lost, fine], sleep_level=2)
+    mover = TensorMover(engines)  # the driver's weights: split placement or local engines
 
     async def step() -> Any:
-        await engines.sleep()
-        return await engines.push([])
+        asleep = await mover.sleep()
+        assert asleep.asleep == 1 and asleep.needs_push
+        return await mover.push([])
 
     asyncio.run(step())
     assert engines.dropped == ["lost"]

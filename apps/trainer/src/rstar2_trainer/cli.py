@@ -10,7 +10,9 @@ that cannot be read: a missing file, missing fields, a missing extra) is one lin
 of several wrong keys or values a line of its own) and exit code 2, never a traceback; the data
 is read before the run directory is made, so a mistake leaves nothing behind. A service that
 fails (a port in use, a server that dies, a Ray cluster without room for the run) is one line
-and exit code 1; the run can then be resumed.
+and exit code 1; the run can then be resumed. A training rank that dies (with colocated engines:
+also its engine's actor) stops the run within the step, with one line that names the rank and
+the `--resume` command (`stop_line`), exit code 1; so does a run whose every engine is gone.
 """
 
 from __future__ import annotations
@@ -159,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
     from rstar2_trainer.placement.cluster import ClusterError
+    from rstar2_trainer.placement.engines import EngineError
     from rstar2_trainer.rundir.logs import quiet
     from rstar2_trainer.train import run
+    from rstar2_trainer.training.train_workers import RankError
 
     try:
         with quiet(run_dir, config.run.log_level):  # the libraries' logs to RUN_DIR/logs/run.log
@@ -168,10 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ServerError, ClusterError, SandboxStartError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1
+    except (RankError, EngineError) as exc:  # a lost rank, or no engine left
+        print(stop_line(exc, run_dir), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rstar2-train: interrupted; resume with --resume {run_dir}", file=sys.stderr)
         return 130
     return 0
+
+
+def stop_line(exc: BaseException, run_dir: Path) -> str:
+    """The one line a run stopped by a lost training rank ends with."""
+    why = " ".join(str(exc).split())
+    return f"rstar2-train: {why}; the run stopped; resume it with: rstar2-train --resume {run_dir}"
 
 
 def _split(args: argparse.Namespace) -> tuple[str, list[str]]:

@@ -11,10 +11,14 @@
 
 The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.train_workers`
 FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weights from the
-start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
-writes the policy folder. The engines load the model folder themselves, so nothing is pushed
-before SFT (remote rollout services, which loaded their own copy, get the policy's weights
-first). Trajectories come from `parts.source` (local engines or remote rollout services) through
+start: it trains SFT and RL and writes the policy folder. The weights move through the
+placement's mover (`parts.mover`, placement/weights.py), the one owner of sleep, training-state
+moves and pushes: `mover.sleep()` before anything that trains or runs collectives on the
+training state (SFT, an update, a checkpoint's save or restore, the export), so colocated ranks
+find their state on the device and the engines asleep; `sync` (`mover.push(policy.weights())`)
+whenever the weights changed, and after a save whose sleep left the engines needing one. The
+engines load the model folder themselves, so nothing is pushed before SFT (remote rollout
+services, which loaded their own copy, get the policy's weights first). Trajectories come from `parts.source` (local engines or remote rollout services) through
 `collect`, or the rollout pool with asynchronous steps (rstar2-rollout's one core under both).
 A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
@@ -180,12 +184,7 @@ async def _train(
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
             await run_steps(run, ckpt, traces)
-            policy_dir = await policy.export(
-                run_dir / "policy",
-                parts.tokenizer,
-                system_prompt=config.rollout.system_prompt,
-                step=run.step,
-            )
+            policy_dir = await export(run)
         report.final_table(run.evals, run_dir, policy_dir, final_eval_command(config))
 
 
@@ -263,7 +262,7 @@ async def start(run: Run, traces: list) -> None:
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
     if config.sft.enabled:
-        await parts.engines.sleep()  # colocated: SFT gets the GPU memory; the sync wakes them
+        await parts.mover.sleep()  # colocated: SFT gets the GPU memory; the sync wakes them
         await run_sft(run, traces)
         await sync(run)
     await run_eval(run, "after_sft")
@@ -278,6 +277,7 @@ async def start_from_origin(run: Run) -> None:
     init = config.init
     assert init is not None
     origin = origin_checkpoint(config)
+    await run.parts.mover.sleep()  # loading is a collective on the ranks' state
     if "optimizer" in init.include:
         await run.policy.restore(origin)  # the weights and the optimizer state
     else:
@@ -294,6 +294,7 @@ async def start_from_origin(run: Run) -> None:
 async def restore(run: Run, ckpt: Any) -> None:
     """Back to the latest checkpoint: policy, curriculum, evaluations, step; engines synced."""
     run.step = ckpt.step
+    await run.parts.mover.sleep()  # loading is a collective on the ranks' state
     await run.policy.restore(ckpt)
     run.curriculum.load_state_dict(ckpt.state["curriculum"])
     run.evals = list(ckpt.state["evals"])
@@ -308,9 +309,9 @@ async def restore(run: Run, ckpt: Any) -> None:
 
 async def sync(run: Run) -> dict[str, float]:
     """Push the policy's weights to the engines: the next version (engines count it alike)."""
-    times = await run.policy.sync(run.parts)
+    report = await run.parts.mover.push(run.policy.weights())
     run.weights_version += 1
-    return times
+    return report.as_metrics()
 
 
 async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
@@ -360,8 +361,8 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         metrics.update(time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1)
         return stage, metrics
     phases = Phases()
-    with phases.time("sleep"):  # colocated engines free their GPU memory; the sync wakes them
-        await parts.engines.sleep()
+    with phases.time("sleep"):  # colocated: engines free the GPU, the state comes back to it
+        asleep = await parts.mover.sleep()
     before = generated(run)
     with phases.time("train"):
         advantages = algo.advantages(selection).float()  # [K]
@@ -375,6 +376,7 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
             metrics[f"{name}_during_train"] = after[name] - was
     metrics.update(update)
     metrics.update(phases.times)
+    metrics.update(asleep.as_metrics())
     metrics.update(await sync(run))
     return stage, metrics
 
@@ -474,7 +476,9 @@ async def switch_and_save(run: Run, stage: Any, switch: Any, checkpoint: bool) -
 
 async def save(run: Run) -> None:
     """The run's checkpoint of this step (the policy writes its own parts), with the groups an
-    asynchronous run drew and has not trained yet."""
+    asynchronous run drew and has not trained yet. Its collectives run with the engines asleep
+    and the training state on its device; the engines get the weights back after it when that
+    sleep took them (a push; the pool is paused around a checkpoint)."""
     state: dict[str, Any] = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
     if run.pool is not None:  # drawn, not trained: a resumed run submits these again
         state["pool"] = [
@@ -486,8 +490,24 @@ async def save(run: Run) -> None:
             }
             for pending in run.pool.pending()
         ]
+    asleep = await run.parts.mover.sleep()
     await run.policy.save(run.checkpoints, run.step, state)
+    if asleep.needs_push:
+        await sync(run)
     run.log.checkpointed(run.step)
+
+
+async def export(run: Run) -> Path:
+    """The trained policy as a Hugging Face folder (RUN_DIR/policy). The export gathers every
+    parameter: the engines sleep and the training state comes to its device first (the run
+    is over, so nothing wakes them after)."""
+    await run.parts.mover.sleep()
+    return await run.policy.export(
+        run.run_dir / "policy",
+        run.parts.tokenizer,
+        system_prompt=run.config.rollout.system_prompt,
+        step=run.step,
+    )
 
 
 def final_eval_command(config: TrainerConfig) -> str:

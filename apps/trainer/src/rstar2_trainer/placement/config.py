@@ -1,5 +1,6 @@
 """The placement sections of `TrainerConfig`: a Ray cluster (`cluster:`) and remote rollout
-workers (`remote:`). Only the schemas; `cluster` and `remote` in this package act on them.
+workers (`remote:`). Only the schemas, and `ClusterError`, the one-line refusal of a cluster
+that cannot host the run; `cluster`, `ranks` and `remote` in this package act on them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_sandbox import SandboxConfig
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot host the run as configured; the message says what to change."""
 
 
 class ClusterConfig(BaseModel):

@@ -9,7 +9,8 @@ server runs as a child process too; `mode=address` connects to a running one, `m
 grades in-process. Trajectories come from one `rstar2_rollout.TrajectorySource`: an in-process
 `RolloutService` (the rollout package's scheduler and agent loop over local engines), or, with a
 `remote` section, the `rstar2-rollout serve` services (`remote.RemoteServices`; no local engine
-or sandbox).
+or sandbox). The weights move through `Parts.mover` (placement/weights.py): a `TensorMover`
+streaming the driver's weights into the local engines, or a `RemoteMover` to the services.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.remote import RemoteServices
 from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
+from rstar2_trainer.placement.weights import RemoteMover, TensorMover, WeightMover
 from rstar2_verify import Scorer, Verifier
 
 
@@ -59,9 +61,10 @@ class Parts:
     source: TrajectorySource  # RolloutService over `engines`, or the RemoteServices
     sandbox: Sandbox | None  # None when rollouts run on remote services (they call their own)
     scorer: Scorer
+    mover: WeightMover  # sleeps the engines and pushes the policy's weights (weights.py)
     servers: list[ChildServer] = field(default_factory=list)
     remote: RemoteServices | None = None  # the rollout services, in remote mode
-    train_group: Any = None  # colocated placement: the ranks that also hold the engines
+    train_group: Any = None  # the FSDP2 ranks (a TrainGroup) the placement started, if any
 
     def check_servers(self) -> None:
         """Raise ServerError if a child server died."""
@@ -216,8 +219,10 @@ async def open_parts(
             fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
             remote = await RemoteServices.connect(config.remote, fmt.prompt_ids)
             stack.push_async_callback(remote.close)
+            engines = Engines([])
+            mover = RemoteMover(engines, remote)
             yield Parts(
-                model_dir, model, tokenizer, Engines([]), remote, None, scorer, servers, remote
+                model_dir, model, tokenizer, engines, remote, None, scorer, mover, servers, remote
             )
             return
         sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
@@ -226,7 +231,8 @@ async def open_parts(
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)
         stack.push_async_callback(scheduler.close)
-        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer, servers)
+        mover = TensorMover(engines)
+        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer, mover, servers)
 
 
 def _stop_all(servers: Sequence[ChildServer]) -> None:

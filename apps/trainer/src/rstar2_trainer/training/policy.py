@@ -1,7 +1,7 @@
 """The policy being trained, behind one interface: in the driver, or on FSDP2 training ranks.
 
     Policy.update(kept, advantages, lr, temperature)  one RL update (mini-batches x epochs)
-    Policy.sync(parts)                                 the weights into the rollout engines
+    Policy.weights()                                   what a push sends (see below)
     Policy.sft(examples, sft, seed, on_step)           non-reasoning SFT (before RL)
     Policy.load_weights(checkpoint)                    a checkpoint folder's weights (init-from)
     Policy.save(checkpoints, step, state)              the run's checkpoint of this step
@@ -18,7 +18,12 @@ micro-batching implementation and one SFT loop.
 
 The policy owns the weights from the start: it and the engines both load the model folder, so
 nothing is pushed before the first update unless SFT or `--init-from` changed the weights (the
-caller then calls `sync`).
+caller then pushes). A policy chooses no transport: `weights()` exposes what a push reads, the
+driver's `(name, tensor)` pairs (fp32 master weights, `state_dict` order) or the
+`train_workers.TrainGroup` of the ranks that hold them sharded, and the placement's weight
+mover (placement/weights.py) sleeps the engines, moves the training state and pushes. Every
+method below that runs collectives on ranks expects the mover to have put the state on the
+devices first (the loop calls `mover.sleep()` before it).
 
 An update is PPO-style: the kept batch is cut into `optim.mini_batches` contiguous mini-batches
 and passed over `optim.epochs` times, one optimizer step per mini-batch. With more than one step
@@ -71,7 +76,7 @@ class Policy(Protocol):
         self, kept: Sequence[Trajectory], advantages: torch.Tensor, *, lr: float, temperature: float
     ) -> dict[str, float]: ...
 
-    async def sync(self, parts: Any) -> dict[str, float]: ...
+    def weights(self) -> Any: ...
 
     async def sft(
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
@@ -163,10 +168,9 @@ class DriverPolicy:
             )
         return with_values(rows, "old_logp", logps)
 
-    async def sync(self, parts: Any) -> dict[str, float]:
-        if parts.remote is not None:
-            return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
-        return (await parts.engines.push(self.model.state_dict().items())).as_metrics()
+    def weights(self) -> Any:
+        """The fp32 master weights as `(name, tensor)` pairs, read when a push iterates them."""
+        return self.model.state_dict().items()
 
     async def load_weights(self, checkpoint: Path) -> None:
         from rstar2_trainer.rundir.export import load_weights
@@ -232,9 +236,9 @@ async def open_policy(
     pad_id: int,
     group: Any = None,
 ) -> AsyncIterator[Policy]:
-    """The run's policy: on `cluster.train_workers` FSDP2 ranks (`group` when colocated
-    placement already started them; `model` None: the driver loads none), or in the driver
-    (`model`, moved to `precision.device`)."""
+    """The run's policy: on the `cluster.train_workers` FSDP2 ranks the placement started
+    (`group`; `model` None: the driver loads none), or in the driver (`model`, moved to
+    `precision.device`)."""
     from rstar2_trainer.training.worker_policy import open_worker_policy
 
     async with open_worker_policy(config, model_dir, pad_id=pad_id, group=group) as workers:
