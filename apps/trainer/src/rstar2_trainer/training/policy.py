@@ -37,10 +37,10 @@ overlap, `async.max_staleness >= 1`, with partial rollouts or one-step-off):
 rollout pool's tasks (turns, tool calls, grading) go on while the driver trains. Nothing else
 touches the model meanwhile: the engines load their own copy from the model folder (none holds
 the policy's tensors), a push reads the weights only after the update returned, and SFT,
-checkpoints and evaluations run with the pool drained or idle. The update draws nothing from
+checkpoints and evaluations run with the pool paused or idle. The update draws nothing from
 torch's global generator unless the model has dropout (the transformers engine seeds that
 generator per request, so dropout would perturb concurrent sampling). Without
-`off_loop` the update runs in the loop, as before (a synchronous run is unchanged). A
+`off_loop` the update runs in the loop (a synchronous run). A
 `WorkerPolicy` awaits its ranks, so its loop is free either way.
 """
 
