@@ -198,7 +198,9 @@ class WorkerPolicy:
 
     async def load_weights(self, checkpoint: Path) -> None:
         """Checkpoint folder `checkpoint`'s weights into the ranks, read there: the workers'
-        shards of that step, or the driver's `model.pt`."""
+        shards of that step, or the driver's `model.pt`. Colocated with offload the state
+        comes back on the devices first (the ranks offload it before their engines start)."""
+        await self._onload()
         shards = checkpoint.parent / WORKERS_DIR / checkpoint.name
         if (shards / ".metadata").is_file():
             await self.group.load_weights(shards)
@@ -231,6 +233,7 @@ class WorkerPolicy:
                 f"{path} is missing: the checkpoint of step {step} was written without training "
                 "workers; resume with cluster.train_workers=0"
             )
+        await self._onload()  # offloaded before the engines started
         await self.group.load(path)
 
     async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
