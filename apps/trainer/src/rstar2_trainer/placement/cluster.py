@@ -11,7 +11,7 @@ trainer's loop does not change. Two placements of engines and training ranks:
                                        NodeServers: rstar2-sandbox serve, rstar2-verify serve
 
 - `check_memory` refuses, before anything starts, a GPU run whose per-device peak (the memory
-  model) exceeds the GPU's memory.
+  model) exceeds the GPU's memory, or whose engines vLLM would refuse to start.
 - `RayEngine` is the driver's face of one engine actor (an `EngineActor`, or a colocated rank's
   engine): it satisfies the rollout `Engine` Protocol by awaiting actor calls. `kv_capacity()`
   must not block the event loop, so it returns the capacity the actor reported with its last
@@ -380,10 +380,12 @@ async def start_engines(
 def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig) -> None:
     """Refuse, in one line with the numbers, a GPU run whose per-device peak (the memory model,
     `training/memory.py`) exceeds the GPU's memory (`cluster.device_memory_gib`, else the
-    driver's GPU); CPU runs and runs with nothing to compare against pass."""
+    driver's GPU), or whose engines vLLM would refuse to start (its start-up share of the device
+    against the memory free when they start, `memory.check_engine_start`); CPU runs and runs
+    with nothing to compare against pass."""
     import json
 
-    from rstar2_trainer.training.memory import check_fits, setup_from_config
+    from rstar2_trainer.training.memory import check_engine_start, check_fits, setup_from_config
 
     if not (cluster.gpus_per_train_worker or cluster.gpus_per_engine):
         return
@@ -401,6 +403,8 @@ def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig)
     setup = setup_from_config(config, json.loads(config_json.read_text()))
     try:
         check_fits(setup, device, name=config.run.name)
+        if cluster.gpus_per_engine:
+            check_engine_start(setup, device, name=config.run.name)
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
 
