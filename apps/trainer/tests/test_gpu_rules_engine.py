@@ -146,7 +146,7 @@ def test_every_shipped_gpu_recipes_engine_passes_vllms_start_check(
     recipe, model_json, device, tmp_path
 ):
     from rstar2_rollout import VLLMEngineConfig
-    from rstar2_rollout.engines.vllm import _start_share, engine_args
+    from rstar2_rollout.engines._args import engine_args, start_share
     from rstar2_trainer.training.memory import engine_start
 
     config = load_config(recipe)
@@ -158,7 +158,7 @@ def test_every_shipped_gpu_recipes_engine_passes_vllms_start_check(
         str(folder), replica=0, tensor_parallel_size=1, enable_sleep_mode=True
     )
     assert isinstance(engine, VLLMEngineConfig)
-    share = _start_share(engine, _Device(device))  # what the engine passes vLLM on this GPU
+    share = start_share(engine, _Device(device))  # what the engine passes vLLM on this GPU
     assert engine_args(engine, on_cpu=False, share=share).gpu_memory_utilization == share
     requested = _vllm_request(start.free, device, share)  # raises if vLLM would refuse
     assert start.ok and requested == start.requested  # the memory model knows vLLM's number
@@ -276,7 +276,7 @@ def _engine_devices(monkeypatch, config: Any, vendor: str) -> list[int]:
     from vllm.platforms.interface import Platform
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    from rstar2_rollout.engines.vllm import engine_args
+    from rstar2_rollout.engines._args import engine_args
 
     if vendor == "amd":  # vLLM's ROCm platform, at import: HIP_VISIBLE_DEVICES -> CUDA_...
         _source_function("platforms/rocm.py", "_sync_hip_cuda_env_vars")()
@@ -341,7 +341,7 @@ def test_the_training_world_does_not_shift_vllms_device(tied, monkeypatch):
     import torch.distributed as dist
 
     from rstar2_rollout import VLLMEngineConfig
-    from rstar2_rollout.engines.vllm import _build_env, engine_args
+    from rstar2_rollout.engines._args import build_env, engine_args
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
@@ -350,7 +350,7 @@ def test_the_training_world_does_not_shift_vllms_device(tied, monkeypatch):
         dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         config = VLLMEngineConfig(model=str(tied), dtype="float32", device_ids=(3,))
-        with _build_env(config, on_cpu=True):
+        with build_env(config, on_cpu=True):
             parallel = engine_args(config, on_cpu=True, share=None).create_engine_config()
             parallel = parallel.parallel_config
     finally:

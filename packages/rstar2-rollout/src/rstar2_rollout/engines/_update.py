@@ -7,8 +7,9 @@ aborted and answered "interrupted" with their tokens so far (`at_push: abort`): 
 starts vLLM 0.32's layerwise reload (`initialize_layerwise_reload`) on every worker,
 `load_weights(bucket)` runs the model's own `load_weights` on one bucket, `finish_weights`
 finalises the pending layers, processes a tied head again (`_refresh_tied_head`), resets the
-runner's LoRA/encoder/multimodal state and the prefix cache, counts the new weights version (`weights_version`: +1 per finished session, a failed one
-included, as its weights changed too) and releases the held requests. `update_weights(named)` is
+runner's LoRA/encoder/multimodal state and the prefix cache, counts the new weights version
+(`weights_version`: +1 per finished session, a failed one included, as its weights changed
+too) and releases the held requests. `update_weights(named)` is
 one session streamed in `weight_bucket_bytes` buckets cast lazily to the engine's dtype. The
 `_reload_*` functions run on vLLM's workers through `collective_rpc`.
 """

