@@ -77,6 +77,21 @@ SHIPPED = [  # (recipe, its model, the device): bench/memory_fit.py's recipe set
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_logging_as_found() -> Iterator[None]:
+    """vLLM configures its "vllm" logger when first imported (a handler of its own, bound to the
+    stream of that moment, no propagation); put it back as this module found it, so that later
+    tests in the process route library logs as before (test_logs.py)."""
+    import logging
+
+    log = logging.getLogger("vllm")
+    handlers, propagate, level = list(log.handlers), log.propagate, log.level
+    yield
+    log.handlers[:] = handlers
+    log.propagate = propagate
+    log.setLevel(level)
+
+
 class _Device:
     """The GPU's total memory, as vLLM's platform reads it (NVML / amdsmi): the one stand-in."""
 
