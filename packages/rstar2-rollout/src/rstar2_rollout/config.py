@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
@@ -79,6 +79,28 @@ class VLLMEngineConfig(_EngineConfig):
         description="At a weight update: wait for the running turns to end on the old weights, "
         'or abort them (their tokens so far come back "interrupted"; the loop resumes them).',
     )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of the device vLLM's start-up check asks to find free (it refuses to "
+        "start below share x total); None: the engine's own need (weights / TP + KV cache + "
+        "2 GiB) over the device's total (engines/startup.py). Ignored on CPU.",
+    )
+    device_ids: tuple[int, ...] | None = Field(
+        default=None,
+        description="Visible device indices the engine runs on, one per tensor-parallel rank; "
+        "None: the first ones. Cluster placement sets them from Ray's assignment.",
+    )
+
+    @model_validator(mode="after")
+    def _one_device_per_rank(self) -> Self:
+        if self.device_ids is not None and len(self.device_ids) != self.tensor_parallel_size:
+            raise ValueError(
+                f"device_ids {list(self.device_ids)} must name one device per tensor-parallel "
+                f"rank ({self.tensor_parallel_size})"
+            )
+        return self
 
 
 class HFEngineConfig(_EngineConfig):

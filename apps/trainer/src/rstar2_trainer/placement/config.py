@@ -47,7 +47,8 @@ class ClusterConfig(BaseModel):
     )
     sleep_level: Literal[1, 2] = Field(
         default=1,
-        description="Colocated sleep: 1 offloads engine weights to host RAM, 2 drops them.",
+        description="Colocated sleep: 1 copies engine weights to host RAM and back, 2 drops "
+        "them (the push reloads every weight; what the GPU recipes use).",
     )
     train_workers: int = Field(
         default=0,
@@ -79,7 +80,8 @@ class ClusterConfig(BaseModel):
         default=8.0,
         ge=0,
         description="What that check adds beyond the model's tensors for the CUDA context, NCCL "
-        "and the caching allocator's slack (measured 2-7 GiB on one H200: apps/trainer/SCALE.md).",
+        "and the caching allocator's slack, in both phases and at engine start (the slack "
+        "measured 2-7 GiB on one H200: apps/trainer/SCALE.md).",
     )
     bucket_bytes: int = Field(
         default=1 << 30,

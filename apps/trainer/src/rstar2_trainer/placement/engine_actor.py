@@ -13,6 +13,10 @@ is built, `cpu_isa.settle_amx` makes sure vLLM's CPU kernels use AMX only where 
 it in this process (`cpu_isa`: the attribute `cpu_isa` says what it found).
 Sleep and wake (free the GPU for a colocated update) call a `SleepingEngine`'s `sleep(level)` /
 `wake_up(tags)`; a vLLM engine must be built with `enable_sleep_mode` (CUDA and ROCm only).
+A vLLM engine runs on the devices it is given (`on_devices`: vLLM's `device_ids`): a colocated
+rank passes its own; a split engine actor the visible indices of the GPUs Ray assigned it
+(`devices.actor_device_indices`), so that it does not land on device 0 where Ray leaves every
+GPU visible (`RAY_EXPERIMENTAL_NOSET_*`).
 
 `NodeServers` starts `rstar2-sandbox serve` and `rstar2-verify serve` as child processes of the
 actor on its node's IP address with free ports (the paper ran its code environment on the
@@ -41,6 +45,7 @@ from rstar2_rollout import (
     ProgressEngine,
     SamplingParams,
     SleepingEngine,
+    VLLMEngineConfig,
     build_engine,
 )
 from rstar2_trainer.placement.cpu_isa import settle_amx
@@ -50,14 +55,24 @@ from rstar2_trainer.placement.servers import ChildServer, console_script
 class EngineActor:
     """An engine replica; methods mirror the `Engine` Protocol, plus capacity and timings."""
 
-    def __init__(self, config: EngineConfig, name: str, threads: int = 1) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        name: str,
+        threads: int = 1,
+        devices: Sequence[int] | None = None,
+    ) -> None:
+        """Build the engine on `devices` (visible indices; None: this Ray actor's GPUs, or
+        none outside Ray)."""
         import torch
 
         torch.set_num_threads(threads)
         self.name = name
         self._channel: tuple[str, Any] | None = None  # (address, WeightReceiver), kept
         self.cpu_isa = settle_amx()  # before vLLM picks its CPU kernels
-        self._engine = build_engine(config, name=name)
+        if devices is None:
+            devices = _ray_devices()
+        self._engine = build_engine(on_devices(config, devices), name=name)
 
     def where(self) -> dict[str, str]:
         """The node this engine runs on: its IP address and Ray node id."""
@@ -165,6 +180,29 @@ class EngineActor:
     async def close(self) -> None:
         self.close_channel()
         await self._engine.close()
+
+
+def on_devices(config: EngineConfig, devices: Sequence[int]) -> EngineConfig:
+    """`config` placed on `devices`: a vLLM engine's `device_ids` (one per tensor-parallel
+    rank, the first ones when there are more), replacing what a recipe set; other kinds and an
+    empty list (a CPU engine) unchanged."""
+    if not devices or not isinstance(config, VLLMEngineConfig):
+        return config
+    ids = tuple(devices[: config.tensor_parallel_size])
+    return VLLMEngineConfig.model_validate({**config.model_dump(), "device_ids": ids})
+
+
+def _ray_devices() -> list[int]:
+    """This Ray actor's GPU indices; [] outside Ray or without GPUs."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    if not ray.is_initialized():
+        return []
+    from rstar2_trainer.placement.devices import actor_device_indices
+
+    return actor_device_indices()
 
 
 def _health(address: str) -> bool:

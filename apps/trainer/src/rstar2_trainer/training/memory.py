@@ -56,9 +56,23 @@ On one H200 (docs/RESULTS.md, "second GPU run"), against `max_memory_allocated` 
 with checkpointing and 12 % over without, on five Qwen3 shapes, two of them held out; a sixth,
 held out, with a tied head, 1.1 % under (0.36 GiB, inside `overhead`).
 Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
-or gpu_memory_utilization x device minus the weights), an activation/graph reserve, and, with
-offload off, the training state that stays on the device. `host`: the host RAM a colocated
-device's offloads take (sleeping engine weights at level 1, or the offloaded training state).
+or vLLM's share x device minus the weights), an activation/graph reserve (2 GiB, modelled), and,
+with offload off, the training state that stays on the device. `host`: the host RAM a colocated
+device's offloads take (sleeping engine weights at level 1; nothing of them at level 2, which
+drops them and keeps only vLLM's small runtime and CUDA-graph pools; or the offloaded training
+state).
+
+Engine start (`engine_start`, `check_engine_start`): vLLM's worker refuses to start when the
+device's free memory is below ceil(share x total) (`rstar2_rollout.engines.startup`, read from
+vLLM 0.32's `request_memory`). The share is `gpu_memory_utilization` or, None, the engine's need
+(bf16 weights / TP + KV cache + reserve) over the device; free memory when the engine starts is
+the device less `overhead` (context, the rank's NCCL communicator and vLLM's groups over it; the
+allocator was emptied by the offload and by vLLM, so this is an upper bound: modelled, not
+measured) less what the rank keeps there: nothing when colocated with offload (the ranks offload
+before their engines start, `colocated.ColocatedWorker.start_engine`; measured on the H200: 64
+MiB left on the device after an offload, inside the overhead), else its fp32 master shards (4 P /
+W: gradients and AdamW's moments do not exist before the first step). Split engines start on
+GPUs of their own.
 """
 
 from __future__ import annotations
@@ -68,6 +82,14 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rstar2_rollout.engines.startup import (
+    ENGINE_RESERVE_BYTES,
+    VLLM_DEFAULT_SHARE,
+    need_bytes,
+    requested_bytes,
+    start_share,
+)
 
 GIB = 1 << 30
 
@@ -137,8 +159,12 @@ class Setup(BaseModel):
     engine_tp: int = Field(default=1, gt=0, description="GPUs of one engine (tensor parallel).")
     sleep_level: Literal[1, 2] = Field(default=1, description="1: engine weights to host RAM.")
     kv_bytes: int | None = Field(default=None, ge=0, description="Explicit KV cache per GPU.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    engine_reserve_bytes: int = Field(default=2 * GIB, ge=0, description="Engine activations.")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="The engine's start-up share; None: its need."
+    )
+    engine_reserve_bytes: int = Field(
+        default=ENGINE_RESERVE_BYTES, ge=0, description="Engine activations, graphs, sampler."
+    )
     overhead_bytes: int = Field(
         default=8 * GIB, ge=0, description="CUDA context, NCCL, the caching allocator's slack."
     )
@@ -241,7 +267,8 @@ def rollout_terms(s: Setup, device_bytes: int | None = None) -> dict[str, int]:
     if s.kv_bytes is not None:
         kv = s.kv_bytes  # vLLM's kv_cache_memory_bytes is per GPU, whatever the TP
     elif device_bytes is not None:  # vLLM: utilization x device, less weights and reserve
-        kv = max(0, int(s.gpu_memory_utilization * device_bytes) - weights - s.engine_reserve_bytes)
+        share = s.gpu_memory_utilization or VLLM_DEFAULT_SHARE
+        kv = max(0, int(share * device_bytes) - weights - s.engine_reserve_bytes)
     else:
         raise ValueError("a KV budget needs kv_bytes or the device's memory")
     kept = 0 if s.offloading else math.ceil(16 * m.params / s.world_size)
@@ -297,6 +324,51 @@ def check_fits(s: Setup, device_bytes: int, *, name: str = "this recipe") -> Bre
     return b
 
 
+class EngineStart(BaseModel):
+    """vLLM's start-up check on one device: free memory when the engine starts, what it asks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    free: int
+    requested: int
+    resident: int  # the rank's training state still on the device
+
+    @property
+    def ok(self) -> bool:
+        return self.free >= self.requested
+
+
+def engine_start(s: Setup, device_bytes: int) -> EngineStart:
+    """The device as the engine finds it and what it asks (see the module docstring)."""
+    m = s.model
+    resident = 0
+    if s.placement == "colocated" and not s.offloading:
+        resident = math.ceil(4 * m.params / s.world_size)  # fp32 master shards, nothing else yet
+    free = device_bytes - s.overhead_bytes - resident
+    if s.gpu_memory_utilization is not None:
+        share = s.gpu_memory_utilization
+    elif s.kv_bytes is None:
+        share = VLLM_DEFAULT_SHARE  # the engine sizes its KV cache from vLLM's default
+    else:
+        need = need_bytes(2 * m.params, s.kv_bytes, s.engine_tp, s.engine_reserve_bytes)
+        share = start_share(need, device_bytes)
+    return EngineStart(free=free, requested=requested_bytes(device_bytes, share), resident=resident)
+
+
+def check_engine_start(s: Setup, device_bytes: int, *, name: str = "this recipe") -> EngineStart:
+    """The start check, or a ValueError in one line when vLLM would refuse to start."""
+    e = engine_start(s, device_bytes)
+    if not e.ok:
+        raise ValueError(
+            f"{name}'s engine would not start: vLLM asks for {e.requested / GIB:.1f} GiB free "
+            f"of the {device_bytes / GIB:.1f} GiB device and finds {e.free / GIB:.1f} "
+            f"(overhead {s.overhead_bytes / GIB:.1f}, training state on the device "
+            f"{e.resident / GIB:.1f}); unset engine.gpu_memory_utilization (the engine's own "
+            "need), turn on cluster.offload_train_state, or lower engine.kv_cache_memory_bytes"
+        )
+    return e
+
+
 def setup_from_config(
     config: Any, model_config: Mapping[str, Any], *, prompt_tokens: int = 1024
 ) -> Setup:
@@ -325,7 +397,8 @@ def setup_from_config(
         placement="colocated" if colocate or cluster is None else "split",
         offload=getattr(cluster, "offload_train_state", None),
         engine_tp=max(1, int(getattr(cluster, "gpus_per_engine", 1) or 1)),
+        sleep_level=2 if getattr(cluster, "sleep_level", 1) == 2 else 1,
         kv_bytes=int(kv) if kv is not None else None,
-        gpu_memory_utilization=float(getattr(engine, "gpu_memory_utilization", 0.9) or 0.9),
+        gpu_memory_utilization=getattr(engine, "gpu_memory_utilization", None),
         overhead_bytes=int(overhead * GIB),
     )

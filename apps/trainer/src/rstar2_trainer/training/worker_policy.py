@@ -158,7 +158,8 @@ class WorkerPolicy:
 
     async def load_weights(self, checkpoint: Path) -> None:
         """Checkpoint folder `checkpoint`'s weights into the ranks, read there: the workers'
-        shards of that step, or the driver's `model.pt`."""
+        shards of that step, or the driver's `model.pt`. The caller put the state on the devices
+        first (the mover's `sleep`: colocated ranks offload it before their engines start)."""
         shards = checkpoint.parent / WORKERS_DIR / checkpoint.name
         if (shards / ".metadata").is_file():
             await self.group.load_weights(shards)
