@@ -235,10 +235,11 @@ def test_gpqa_by_name_in_training_scores_each_sample_as_rstar2_eval_does(tmp_pat
                 model_dir=Path("scripted"),
                 model=None,
                 tokenizer=tokenizer,
-                engines=[meter],
+                engines=Engines([meter]),
                 source=worker,
                 sandbox=sandbox,
                 scorer=Scorer(verifier, protocol.reward, tokenizer),
+                mover=TensorMover(Engines([])),  # not used: an evaluation pushes nothing
             )
             try:
                 stats, collected = await measure_accuracy(
