@@ -29,6 +29,7 @@ import httpx
 import numpy as np
 import pytest
 
+from rstar2_curriculum import BenchmarkError
 from rstar2_evaluator.config import JudgeConfig
 from rstar2_evaluator.scorers import Verdict, arena, arena_rates
 from rstar2_evaluator.scorers._data import ScorerDataError
@@ -174,6 +175,14 @@ def test_a_run_fitted_alone_is_not_the_pooled_number() -> None:
     assert abs(metrics["style_controlled"] - pooled) > 0.001
     low, high = metrics["style_controlled_lower"], metrics["style_controlled_upper"]
     assert low <= metrics["style_controlled"] <= high
+
+
+def test_a_named_pool_that_is_not_there_is_one_line() -> None:
+    with pytest.raises(BenchmarkError, match=r"^judge.published=gpt4: .* is not a folder"):
+        _checker(published="gpt4").load(PUBLISHED)
+    assert _checker().load(PUBLISHED)  # the default (the judge's name) is there
+    judge = JudgeConfig(url="http://127.0.0.1:1/v1", model="another-judge")
+    assert ArenaChecker(judge, model="gpt-4-0613").load(PUBLISHED)  # default absent: no pool
 
 
 def test_plain_win_rate_is_the_mean_of_bootstrap_means() -> None:

@@ -238,6 +238,11 @@ class ArenaChecker:
                 raise ValueError(f"Arena-Hard runs one category at a time; {path} has {categories}")
             self._category = categories[0]
             published = self.judge.model if self.judge.published is None else self.judge.published
+            if self.judge.published and not (path / "model_judgment" / published).is_dir():
+                raise ValueError(
+                    f"judge.published={published}: {path / 'model_judgment' / published} is not "
+                    "a folder of published judgments"
+                )
             if published:
                 self._pool = arena.load_published(
                     path, published, category=self._category, exclude={self.model}
