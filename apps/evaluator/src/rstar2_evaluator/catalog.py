@@ -148,5 +148,5 @@ def build_checker(config: EvalConfig, sandbox: Sandbox | None = None) -> Checker
         ) from None
     checker_class = getattr(module, class_name)
     if name == "arena_hard":
-        return checker_class(judge=config.judge, seed=config.seed)
+        return checker_class(judge=config.judge, seed=config.seed, model=config.model_label())
     return checker_class()

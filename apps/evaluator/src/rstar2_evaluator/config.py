@@ -147,6 +147,14 @@ class JudgeConfig(_Frozen):
         description="The judge's reply budget; None: the benchmark's own (arena-hard-auto's "
         "4096 for v0.1, 16000 for v2).",
     )
+    published: str | None = Field(
+        default=None,
+        description="Arena-Hard: the judge folder under the data's model_judgment/ whose "
+        "published judgments (other models, same judge) join the style-controlled fit, as "
+        "arena-hard-auto fits every model together; None: model_judgment/<judge.model>/ when "
+        "the data has it; empty: none (the run's model is fitted alone: its win probability at "
+        "its own average style, not comparable with a leaderboard).",
+    )
 
 
 class CodeSettings(_Frozen):
@@ -275,13 +283,16 @@ class EvalConfig(SamplingProtocol):
             identity["judge"] = {"url": self.judge.url, "model": self.judge.model}
         return identity
 
+    def model_label(self) -> str:
+        """The model's short name: its folder's name, or the endpoint's served model name."""
+        model = self.model.path if isinstance(self.model, LocalModel) else self.model.model
+        return Path(model.rstrip("/")).name or "endpoint"
+
     def run_dir(self) -> Path:
         if self.out:
             return Path(self.out)
-        model = self.model.path if isinstance(self.model, LocalModel) else self.model.model
-        label = Path(model.rstrip("/")).name or "endpoint"
         bench = Path(self.benchmark.name).stem
-        return Path("runs") / "eval" / f"{bench}-{label}"
+        return Path("runs") / "eval" / f"{bench}-{self.model_label()}"
 
 
 def configs() -> list[str]:

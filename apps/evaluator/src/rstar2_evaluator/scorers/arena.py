@@ -1,6 +1,6 @@
-"""Arena-Hard: pairwise judgments against the baseline's answers, win rates as arena-hard-auto.
+"""Arena-Hard: pairwise judgments against the baseline's answers, as arena-hard-auto judges them.
 
-No maintained package ships Arena-Hard's computation (arena-hard-auto is a repository of scripts;
+No maintained package ships Arena-Hard's method (arena-hard-auto is a repository of scripts;
 LMArena's `arena-rank` ranks arena battles with JAX and pins numpy), so this module follows the
 published code of lmarena/arena-hard-auto at commit 196f6b826783b3da7310e361a805fa36f0be83f3:
 - the judge's system prompt and the benchmark's baseline (`utils/judge_utils.py`, JUDGE_SETTINGS),
@@ -8,35 +8,34 @@ published code of lmarena/arena-hard-auto at commit 196f6b826783b3da7310e361a805
 - two games per question, the baseline as assistant A, then swapped (`gen_judgment.py`), and the
   verdict as the last match of the first regex that matches the upper-cased judgment
   (`get_score`);
-- battles: a game's label mapped to scores, a strong verdict counted `weight=3` times, a game
-  without a verdict dropping the question (`show_result.py`, `load_judgments`);
-- the plain win rate: mean of 100 bootstrap means (resampling battles), interval the 5 % and
-  95 % quantiles (`print_leaderboard`);
-- the style-controlled win rate: a Bradley-Terry model over +1/-1 model features plus
-  normalised style differences (answer length, header / list / bold density), fitted with LBFGS
-  on 100 bootstrap resamples; median, 5 % and 95 % quantiles of the implied win probability
-  against the baseline (`print_leaderboard_with_style_features`, `utils/math_utils.py`). Style
-  counts are `utils/add_markdown_info.py`'s (code blocks removed); the length is tiktoken's
-  o200k_base (gpt-4o) token count, so style control needs that encoding available offline.
-Bootstrap draws come from a numpy/torch generator seeded by the caller (the original uses the
-global ones, unseeded). The judge is any OpenAI-compatible chat endpoint; its key is read from
-the environment variable the caller names and only sent in the request header. Not covered:
-generating the model's answers (the caller does, with `arena_messages`, greedy).
+- a question's battle scores: each game's label mapped to the model's scores, a strong verdict
+  counted `WEIGHT` = 3 times, a game without a verdict dropping the question (`show_result.py`,
+  `load_judgments`);
+- answer style metadata (`utils/add_markdown_info.py`): tiktoken's o200k_base (gpt-4o) token
+  count, then header, list and bold counts with code blocks removed; offline the encoding must
+  be in tiktoken's cache;
+- published judgments (`data/<bench>/model_judgment/<judge>/*.jsonl`, with `model_answer/`) read
+  as `Battle`s, in show_result's order, so other models join the style-controlled fit.
+The win rates themselves are `arena_rates.py`'s. The judge is any OpenAI-compatible chat
+endpoint (`JudgeEndpoint`): its key is handed in by the caller, held in memory and sent only in
+the request header. Not covered: generating the model's answers (the caller does, with
+`arena_messages`, greedy); v2.0's creative-writing category (its own judge prompt and baseline).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from rstar2_evaluator.scorers._data import ScorerDataError, read_jsonl, require_fields
+from rstar2_evaluator.scorers.arena_rates import Battle
 
 JUDGE_PROMPT = "Please act as an impartial judge and evaluate the quality of the responses provided by two AI assistants to the user prompt displayed below. You will be given assistant A's answer and assistant B's answer. Your job is to evaluate which assistant's answer is better.\n\nBegin your evaluation by generating your own answer to the prompt. You must provide your answers before judging any answers.\n\nWhen evaluating the assistants' answers, compare both assistants' answers with your answer. You must identify and correct any mistakes or inaccurate information.\n\nThen consider if the assistant's answers are helpful, relevant, and concise. Helpful means the answer correctly responds to the prompt or follows the instructions. Note when user prompt has any ambiguity or more than one interpretation, it is more helpful and appropriate to ask for clarifications or more information from the user than providing an answer based on assumptions. Relevant means all parts of the response closely connect or are appropriate to what is being asked. Concise means the response is clear and not verbose or excessive.\n\nThen consider the creativity and novelty of the assistant's answers when needed. Finally, identify any missing important information in the assistants' answers that would be beneficial to include when responding to the user prompt.\n\nAfter providing your explanation, you must output only one of the following choices as your final verdict with a label:\n\n1. Assistant A is significantly better: [[A>>B]]\n2. Assistant A is slightly better: [[A>B]]\n3. Tie, relatively the same: [[A=B]]\n4. Assistant B is slightly better: [[B>A]]\n5. Assistant B is significantly better: [[B>>A]]\n\nExample output: \"My final verdict is tie: [[A=B]]\"."
 PROMPT_TEMPLATE = "<|User Prompt|>\n{QUESTION}\n\n<|The Start of Assistant A's Answer|>\n{ANSWER_A}\n<|The End of Assistant A's Answer|>\n\n<|The Start of Assistant B's Answer|>\n{ANSWER_B}\n<|The End of Assistant B's Answer|>"
@@ -44,7 +43,6 @@ VERDICT_PATTERNS = (r"\[\[([AB<>=]+)\]\]", r"\[([AB<>=]+)\]")
 BASELINES = {"arena-hard-v0.1": "gpt-4-0314", "hard_prompt": "o3-mini-2025-01-31"}
 JUDGE_MAX_TOKENS = {"arena-hard-v0.1": 4096, "arena-hard-v2.0": 16000}
 WEIGHT = 3
-_BASELINE = "\x00baseline"  # the baseline's column; sorts before any model name
 _LABEL_TO_SCORE = {
     "A>B": [1.0], "A>>B": [1.0] * WEIGHT, "A=B": [0.5], "A<<B": [0.0] * WEIGHT, "A<B": [0.0],
     "B>A": [0.0], "B>>A": [0.0] * WEIGHT, "B=A": [0.5], "B<<A": [1.0] * WEIGHT, "B<A": [1.0],
@@ -63,12 +61,15 @@ class ArenaQuestion:
 
 
 @dataclass(frozen=True)
-class JudgeConfig:
-    """An OpenAI-compatible judge: base URL (…/v1), model name, and the env var with its key."""
+class JudgeEndpoint:
+    """The judge the games go to: an OpenAI-compatible chat endpoint (base URL ending in /v1),
+    the model's name there, and its key. The key is the caller's to read (rstar2-eval reads the
+    variable `judge.api_key_env` names); it stays in memory, out of repr, and goes only into the
+    request's Authorization header."""
 
     url: str
     model: str
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key: str = field(default="", repr=False)
     temperature: float = 0.0
     max_tokens: int = 4096
     timeout_s: float = 600.0
@@ -128,7 +129,7 @@ def extract_verdict(judgment: str) -> str | None:
 
 async def judge_games(
     client: httpx.AsyncClient,
-    judge: JudgeConfig,
+    judge: JudgeEndpoint,
     question: ArenaQuestion,
     answer: str,
     baseline: str,
@@ -148,20 +149,6 @@ def battle_scores(games: list[dict[str, Any]]) -> list[float] | None:
     if first["score"] not in _LABEL_TO_SCORE or second["score"] not in _LABEL_TO_SCORE:
         return None
     return _LABEL_TO_SCORE[second["score"]] + [1 - s for s in _LABEL_TO_SCORE[first["score"]]]
-
-
-def win_rate(scores: list[float], *, seed: int, rounds: int = 100) -> dict[str, float]:
-    """The plain win rate against the baseline with its 90 % bootstrap interval."""
-    if not scores:
-        raise ValueError("no battles to score")
-    rng = np.random.default_rng(seed)
-    values = np.asarray(scores, dtype=np.float64)
-    means = np.array([rng.choice(values, size=len(values)).mean() for _ in range(rounds)])
-    return {
-        "score": float(means.mean()),
-        "lower": float(np.quantile(means, 0.05)),
-        "upper": float(np.quantile(means, 0.95)),
-    }
 
 
 def style_counts(answer: str) -> dict[str, Any]:
@@ -184,102 +171,84 @@ def style_counts(answer: str) -> dict[str, Any]:
 
 def style_metadata(answer: str) -> dict[str, Any]:
     """arena-hard-auto's answer metadata: o200k token length, then the markdown counts."""
+    encoding = _o200k()
+    if isinstance(encoding, Exception):  # fetched on first use; offline it must be cached
+        raise ScorerDataError(
+            f"style control needs tiktoken's o200k_base encoding ({type(encoding).__name__}): "
+            "run once online, or set TIKTOKEN_CACHE_DIR to a folder that holds it"
+        )
+    return {"token_len": len(encoding.encode(answer, disallowed_special=()))} | style_counts(answer)
+
+
+@cache
+def _o200k() -> Any:
+    """tiktoken's o200k_base, or why it cannot be had (asked once per process)."""
     try:
         import tiktoken
 
-        encoder = tiktoken.get_encoding("o200k_base")
-    except Exception as e:  # the encoding is fetched on first use; offline it must be cached
-        raise ScorerDataError(
-            f"style control needs tiktoken's o200k_base encoding ({type(e).__name__}): run once "
-            "online, or set TIKTOKEN_CACHE_DIR to a folder that holds it"
-        ) from None
-    return {"token_len": len(encoder.encode(answer, disallowed_special=()))} | style_counts(answer)
+        return tiktoken.get_encoding("o200k_base")
+    except Exception as e:
+        return e
 
 
-def style_controlled_win_rate(
-    battles: list[tuple[str, list[float], dict[str, Any], dict[str, Any]]],
-    *,
-    seed: int,
-    rounds: int = 100,
-) -> dict[str, dict[str, float]]:
-    """Per model, the win rate against the baseline with length and markdown controlled.
+def load_published(
+    folder: Path, judge: str, *, category: str, exclude: Collection[str] = ()
+) -> list[Battle]:
+    """The judgments `judge` published in an arena-hard-auto data folder, as show_result reads
+    them: `model_judgment/<judge>/*.jsonl` by file name, records in file order, those of
+    `category` whose two games both have a verdict. Each battle carries its answer's and the
+    baseline's style from `model_answer/<model>.jsonl` (the record's `metadata`, else computed
+    by `style_metadata`; None where neither can be had). Models in `exclude` are left out (a
+    run's own model replaces its published judgments). No such folder: no battles."""
+    directory = folder / "model_judgment" / judge
+    if not directory.is_dir():
+        return []
+    answers: dict[str, dict[str, dict[str, Any]]] = {}
 
-    `battles` holds (model, the question's battle scores, model answer metadata, baseline answer
-    metadata) for every judged question of every model. As in arena-hard-auto, all models are
-    fitted together and the style features are centred over all their battles: a model is
-    compared at the pool's average style, so a pool of one model controls nothing (include the
-    published judgments of other models).
-    """
-    import torch
+    def style_of(model: str, uid: str) -> dict[str, Any] | None:
+        if model not in answers:
+            path = folder / "model_answer" / f"{model}.jsonl"
+            answers[model] = {}
+            if path.is_file():
+                rows = read_jsonl(path, what=f"answers of {model}", download=ARENA_DOWNLOAD)
+                answers[model] = {str(r.get("uid")): r for r in rows}
+        record = answers[model].get(uid)
+        if record is None:
+            return None
+        if "metadata" not in record:
+            try:
+                record["metadata"] = style_metadata(answer_text(record))
+            except (ScorerDataError, KeyError, IndexError, TypeError):
+                return None
+        return record["metadata"]
 
-    rows = [(m, s, mm, bm) for m, ss, mm, bm in battles for s in ss]
-    if not rows:
-        raise ValueError("no battles to score")
-    model = torch.tensor([_features(mm) for _, _, mm, _ in rows], dtype=torch.float32)
-    base = torch.tensor([_features(bm) for _, _, _, bm in rows], dtype=torch.float32)
-    style = torch.zeros_like(model)
-    style[:, 0] = (model[:, 0] - base[:, 0]) / (model[:, 0] + base[:, 0])
-    model_density = model[:, 1:] / (model[:, :1] + 1)
-    base_density = base[:, 1:] / (base[:, :1] + 1)
-    style[:, 1:] = (model_density - base_density) / (model_density + base_density + 1)
-    style = (style - style.mean(dim=0)) / style.std(dim=0)
-    style = torch.nan_to_num(style)  # a feature constant over all battles carries no signal
-    # one_hot_encode: columns sorted by name, the battle's model +1, the baseline -1.
-    names = sorted({m for m, _, _, _ in rows} | {_BASELINE})
-    one_hot = torch.zeros(len(rows), len(names))
-    for i, (m, _, _, _) in enumerate(rows):
-        one_hot[i, names.index(m)] = 1
-        one_hot[i, names.index(_BASELINE)] = -1
-    features = torch.cat([one_hot, style], dim=1)
-    outcomes = torch.tensor([s for _, s, _, _ in rows], dtype=torch.float32)
-    rng = np.random.default_rng(seed)
-    boot = rng.integers(0, len(rows), size=(rounds, len(rows)))
-    coefs = torch.stack([_fit_bt(features[idx], outcomes[idx]) for idx in boot])[:, : len(names)]
-    exp = torch.exp(coefs)
-    b = names.index(_BASELINE)
-    out = {}
-    for name in names:
-        if name == _BASELINE:
-            continue
-        probs = exp[:, names.index(name)] / (exp[:, names.index(name)] + exp[:, b])
-        out[name] = {
-            "score": float(torch.quantile(probs, 0.5)),
-            "lower": float(torch.quantile(probs, 0.05)),
-            "upper": float(torch.quantile(probs, 0.95)),
-        }
-    return out
-
-
-def _features(meta: dict[str, Any]) -> list[float]:
-    """token_len, then each count group summed, in the metadata's key order (as the original)."""
-    return [float(v if isinstance(v, int) else sum(v.values())) for v in meta.values()]
-
-
-def _fit_bt(features: Any, outcomes: Any) -> Any:
-    """math_utils.fit_pairwise_model with loss "bt": LBFGS, lr 0.1, 50 iterations, tol 1e-9."""
-    import torch
-    import torch.nn.functional as F
-
-    logits = torch.nn.Parameter(torch.full((features.shape[1],), 0.5))
-    optimizer = torch.optim.LBFGS(
-        [logits], lr=0.1, max_iter=50, tolerance_grad=1e-9, tolerance_change=1e-9
-    )
-
-    def closure() -> Any:
-        optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(features @ logits, outcomes, reduction="sum")
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return logits.detach()
+    battles = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for n, row in enumerate(read_jsonl(path, what="judgments", download=ARENA_DOWNLOAD), 1):
+            require_fields(row, ("uid", "model", "category", "games"), where=f"{path}:{n}")
+            name = str(row["model"]).split("/")[-1]  # show_result drops a model's path
+            games = row["games"]
+            if row["category"] != category or name in exclude or not isinstance(games, list):
+                continue
+            scores = battle_scores(games) if len(games) == 2 and None not in games else None
+            if scores is None:
+                continue
+            uid = str(row["uid"])
+            battles.append(
+                Battle(
+                    name,
+                    tuple(scores),
+                    style_of(str(row["model"]), uid),
+                    style_of(BASELINES[category], uid),
+                )
+            )
+    return battles
 
 
 async def _chat(
-    client: httpx.AsyncClient, judge: JudgeConfig, messages: list[dict[str, str]]
+    client: httpx.AsyncClient, judge: JudgeEndpoint, messages: list[dict[str, str]]
 ) -> str:
-    key = os.environ.get(judge.api_key_env, "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"Authorization": f"Bearer {judge.api_key}"} if judge.api_key else {}
     body = {
         "model": judge.model,
         "messages": messages,
@@ -294,8 +263,10 @@ async def _chat(
             return str(response.json()["choices"][0]["message"]["content"])
         except httpx.HTTPError as e:
             if attempt == 2:
+                status = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else None
                 raise RuntimeError(
                     f"judge {judge.model} at {judge.url} failed: {type(e).__name__}"
+                    + (f" (HTTP {status})" if status else "")
                 ) from None
             await asyncio.sleep(2**attempt)
     raise AssertionError("unreachable")

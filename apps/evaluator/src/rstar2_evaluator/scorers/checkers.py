@@ -16,11 +16,12 @@ data error becomes rstar2-curriculum's `BenchmarkError` (one line, exit 2).
   `<tool_call>` JSON). Headline `ast_overall`: the unweighted mean of BFCL's non-live and live
   AST summaries (BFCL's leaderboard overall also averages multi-turn, which is not run).
 - Arena-Hard: the question as one user turn; two judged games per question against the
-  baseline's answer (the judge: `JudgeConfig`, key from its environment variable); the plain
-  win rate with its bootstrap interval (the headline) and the style-controlled one.
+  baseline's answer (the judge: `JudgeConfig`, its key read by the app and handed in); the plain
+  win rate with its bootstrap interval (the headline) and the style-controlled one, fitted with
+  the judgments the data folder publishes for the same judge.
 
-Not covered: BFCL's multi-turn, agentic and memory categories; Arena-Hard's other models'
-judgments as a style-control pool (one model is fitted alone).
+Not covered: BFCL's multi-turn, agentic and memory categories; Arena-Hard's categories beyond
+one per run.
 """
 
 from __future__ import annotations
@@ -208,14 +209,20 @@ class BFCLChecker:
 
 
 class ArenaChecker:
-    """Arena-Hard: judged against its baseline (`scorers.arena`) by the judge the user names."""
+    """Arena-Hard: judged against its baseline (`scorers.arena`) by the judge the user names, win
+    rates as arena-hard-auto's show_result (`scorers.arena_rates`). The style-controlled fit
+    takes the run's model together with the judgments the data folder publishes for the same
+    judge (`judge.published`), as if the run's were written to `model_judgment/<judge>/
+    <model>.jsonl` beside them; the plain rate draws as show_result over the same files."""
 
     metric = "win_rate"
-    model_name = "model"  # the run's one model, in the style-controlled fit
 
-    def __init__(self, judge: JudgeConfig, *, seed: int = 0) -> None:
+    def __init__(self, judge: JudgeConfig, *, seed: int = 0, model: str = "model") -> None:
         self.judge = judge
         self.seed = seed
+        self.model = model  # the run's model, by name, among the published ones
+        self._category = ""
+        self._pool: list[Any] = []  # published battles of other models, in show_result's order
         self._client: Any = None
         self._gate = asyncio.Semaphore(judge.concurrency)
 
@@ -226,6 +233,20 @@ class ArenaChecker:
             raise BenchmarkError(f"arena_hard has no copy here: download {arena.ARENA_DOWNLOAD}")
         try:
             questions, baselines = arena.load_arena(path)
+            categories = sorted({q.category for q in questions})
+            if len(categories) > 1:
+                raise ValueError(f"Arena-Hard runs one category at a time; {path} has {categories}")
+            self._category = categories[0]
+            published = self.judge.model if self.judge.published is None else self.judge.published
+            if self.judge.published and not (path / "model_judgment" / published).is_dir():
+                raise ValueError(
+                    f"judge.published={published}: {path / 'model_judgment' / published} is not "
+                    "a folder of published judgments"
+                )
+            if published:
+                self._pool = arena.load_published(
+                    path, published, category=self._category, exclude={self.model}
+                )
         except ValueError as error:
             raise _data_error(error) from None
         return [
@@ -234,7 +255,11 @@ class ArenaChecker:
                 question=q.prompt,
                 answer="",
                 source="arena_hard",
-                metadata={"category": q.category, "baseline": arena.answer_text(baselines[q.uid])},
+                metadata={
+                    "category": q.category,
+                    "baseline": arena.answer_text(baselines[q.uid]),
+                    "baseline_style": baselines[q.uid].get("metadata"),
+                },
             )
             for q in questions
         ]
@@ -247,15 +272,15 @@ class ArenaChecker:
 
         arena = _reference("arena")
 
-        judge = arena.JudgeConfig(
+        category = problem.metadata["category"]
+        judge = arena.JudgeEndpoint(
             url=self.judge.url,
             model=self.judge.model,
-            api_key_env=self.judge.api_key_env,
-            max_tokens=self.judge.max_tokens
-            or arena.JUDGE_MAX_TOKENS.get(problem.metadata["category"], 16000),
+            api_key=self.judge.api_key,
+            max_tokens=self.judge.max_tokens or arena.JUDGE_MAX_TOKENS.get(category, 16000),
             timeout_s=self.judge.timeout_s,
         )
-        question = arena.ArenaQuestion(problem.id, problem.metadata["category"], problem.question)
+        question = arena.ArenaQuestion(problem.id, category, problem.question)
         if self._client is None:
             self._client = httpx.AsyncClient()
         async with self._gate:
@@ -269,7 +294,9 @@ class ArenaChecker:
         details: dict[str, Any] = {"verdicts": [g["score"] for g in games], "scores": scores}
         try:
             details["style"] = arena.style_metadata(response.text)
-            details["baseline_style"] = arena.style_metadata(problem.metadata["baseline"])
+            details["baseline_style"] = problem.metadata.get(
+                "baseline_style"
+            ) or arena.style_metadata(problem.metadata["baseline"])
         except ValueError:  # tiktoken's encoding not available offline: no style control
             details["style"] = details["baseline_style"] = None
         score = sum(scores) / len(scores) if scores else 0.0
@@ -277,30 +304,44 @@ class ArenaChecker:
 
     def metrics(self, checked: Sequence[tuple[Problem, Verdict]]) -> dict[str, float]:
         arena = _reference("arena")
+        rates = _reference("arena_rates")
 
         judged = [v for _, v in checked if v.details.get("scores")]
         if not judged:
             return {"win_rate": 0.0, "judged": 0.0}
-        scores = [s for v in judged for s in v.details["scores"]]
-        plain = arena.win_rate(scores, seed=self.seed)
+        ours = [
+            rates.Battle(
+                self.model,
+                tuple(v.details["scores"]),
+                v.details.get("style"),
+                v.details.get("baseline_style"),
+            )
+            for v in judged
+        ]
+        # show_result reads the judgment files by name: the run's as <model>.jsonl among them.
+        key = f"{self.model}.jsonl"
+        at = next((i for i, b in enumerate(self._pool) if f"{b.model}.jsonl" > key), None)
+        at = len(self._pool) if at is None else at
+        battles = [*self._pool[:at], *ours, *self._pool[at:]]
+        scores: dict[str, list[float]] = defaultdict(list)
+        for b in battles:
+            scores[b.model].extend(b.scores)
+        plain = rates.win_rates(scores, seed=self.seed)[self.model]
         out = {
             "win_rate": plain["score"],
             "win_rate_lower": plain["lower"],
             "win_rate_upper": plain["upper"],
             "judged": float(len(judged)),
+            "models_fitted": float(len(scores)),
         }
-        styled = [v for v in judged if v.details.get("style")]
-        if styled and len(styled) == len(judged):
-            battles = [
-                (
-                    self.model_name,
-                    v.details["scores"],
-                    v.details["style"],
-                    v.details["baseline_style"],
-                )
-                for v in styled
-            ]
-            controlled = arena.style_controlled_win_rate(battles, seed=self.seed)[self.model_name]
+        if all(b.style and b.baseline_style for b in battles):
+            baseline = arena.BASELINES.get(self._category, "")
+            try:
+                controlled = rates.style_controlled_win_rates(
+                    battles, baseline=baseline, seed=self.seed
+                )[self.model]
+            except ValueError:  # the run's model is the baseline itself: nothing to control
+                return out
             out |= {
                 "style_controlled": controlled["score"],
                 "style_controlled_lower": controlled["lower"],
