@@ -23,9 +23,11 @@ services, which loaded their own copy, get the policy's weights first). Trajecto
 A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 Weights versions: `Run.weights_version` counts the pushes (`sync`) of this process, and each
-engine counts the updates it loaded since it started, so the two agree; every step logs the
-rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a trajectory's
-oldest token version; 0 in a synchronous run), `staleness_unknown` (no version known) and
+engine counts the loads it made since it started, so the two agree; `Run.policy_version` counts
+the changes of the weights, and `Run.pushed` maps each push to the policy version it carried (a
+colocated checkpoint pushes the same weights again after its sleep). Every step logs the
+rollouts' staleness (`staleness_mean`, `staleness_max`: the policy version minus that of a
+trajectory's oldest token; 0 in a synchronous run), `staleness_unknown` (no version known) and
 `turns_resumed` (turns aborted at a push and resumed on the new weights, `async.at_push`).
 
 Asynchronous steps (`async.max_staleness` >= 1; local engines or split placement, where the
@@ -131,6 +133,8 @@ class Run:
     step: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
     weights_version: int = 0  # pushes to the engines in this process (each bumps every engine)
+    policy_version: int = 0  # changes of the policy's weights in this process
+    pushed: list[int] = field(default_factory=lambda: [0])  # push count -> policy version
     pool: RolloutPool | None = None  # asynchronous steps: groups in flight across steps
 
     @property
@@ -307,10 +311,13 @@ async def restore(run: Run, ckpt: Any) -> None:
     report.console.print(f"resumed {run.run_dir} at RL step {run.step}")
 
 
-async def sync(run: Run) -> dict[str, float]:
-    """Push the policy's weights to the engines: the next version (engines count it alike)."""
+async def sync(run: Run, *, changed: bool = True) -> dict[str, float]:
+    """Push the policy's weights to the engines: the next engine version (engines count it
+    alike), and, when the weights `changed` since the last push, the next policy version."""
     report = await run.parts.mover.push(run.policy.weights())
     run.weights_version += 1
+    run.policy_version += changed
+    run.pushed.append(run.policy_version)
     return report.as_metrics()
 
 
@@ -354,7 +361,7 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         **rolled,
         "engine_idle_share": rolled["engine_idle_s"]
         / max(1e-9, rolled["time_rollout_s"] * max(1, len(parts.engines))),
-        **staleness_stats(trajectories, run.weights_version),
+        **staleness_stats(trajectories, run.policy_version, run.pushed),
     }
     metrics["engines_dropped"] = len(parts.engines.dropped)
     if not selection.trajectories:
@@ -492,8 +499,8 @@ async def save(run: Run) -> None:
         ]
     asleep = await run.parts.mover.sleep()
     await run.policy.save(run.checkpoints, run.step, state)
-    if asleep.needs_push:
-        await sync(run)
+    if asleep.needs_push:  # the same weights back: no new policy version
+        await sync(run, changed=False)
     run.log.checkpointed(run.step)
 
 
