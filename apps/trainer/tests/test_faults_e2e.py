@@ -25,7 +25,7 @@ import pytest
 
 from rstar2_trainer.rundir import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the first test builds the origin
 
 MODEL = [
     "model.layers=2",
@@ -48,7 +48,7 @@ ORIGIN = [
     "tool.kind=local",
     "verify_service.mode=local",
     "sft.examples=32",
-    "sft.epochs=60",
+    "sft.epochs=50",
     "sft.batch_size=16",
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[24,24,24]",

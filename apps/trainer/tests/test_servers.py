@@ -88,7 +88,7 @@ def _verify_server(tmp_path: Path, restarts: int) -> ChildServer:
     return server
 
 
-def test_a_killed_verify_server_comes_back_on_its_address_and_calls_are_resent(tmp_path):
+def test_a_killed_verify_server_comes_back_on_its_address_and_calls_are_resent(tmp_path, caplog):
     """SIGKILL while a client grades in a loop: the watcher starts it again on the same port
     with the same token, the client's calls that failed meanwhile are sent again, and every
     grade is the right verdict (none turned into a wrong answer)."""
@@ -119,6 +119,9 @@ def test_a_killed_verify_server_comes_back_on_its_address_and_calls_are_resent(t
         assert verdicts == [True, False] * 40
         assert server.restarts_done == 1 and server.address == address and server.alive
         assert retried >= 1
+        assert f"verify server at {address} exited with code -9; restarted (1 of 2)" in [
+            r.getMessage() for r in caplog.records if r.name == "rstar2_trainer.servers"
+        ]
         server.check()  # alive again: no error
     finally:
         server.stop()

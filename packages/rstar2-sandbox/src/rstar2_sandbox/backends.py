@@ -134,6 +134,7 @@ class ChildSandbox(SandboxClient):
                 return False
             if self.process.returncode is None:
                 return True  # alive (or its death not yet reaped): the retry finds out
+            code = self.process.returncode
             while self._restarts_left > 0:
                 self._restarts_left -= 1
                 await asyncio.sleep(0.5 * 2**self.restarts)
@@ -146,6 +147,10 @@ class ChildSandbox(SandboxClient):
                 old, self.process, self.address = self.address, process, address
                 self.restarts += 1
                 await self._repoint(old, address)
+                sys.stderr.write(
+                    f"rstar2-sandbox: the child at {old} exited with code {code}; restarted at "
+                    f"{address} ({self.restarts} of {self.restarts + self._restarts_left})\n"
+                )
                 return True
             return False
 
