@@ -52,6 +52,7 @@ ORIGIN = [
     "sft.batch_size=16",
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[24,24,24]",
+    "run.keep_checkpoints=10",  # checkpoint 0 stays for --init-from
 ]
 RUN = [
     *MODEL,
