@@ -140,13 +140,14 @@ class Bench:
             plan,
             "curriculum.tiny.max_response_tokens=[160,160,160]",
             "reward.graded=response",
+            "rollout.temperature=0.3",  # near the SFT traces: calls that reach the sandbox
             *extra,
             "--init-from",
             f"{self.origin}:0",
         ]
 
     def prepare(self) -> None:
-        sft = ["sft.examples=32", f"sft.epochs={self.sft_epochs}", "sft.batch_size=16"]
+        sft = ["sft.examples=16", f"sft.epochs={self.sft_epochs}", "sft.batch_size=8"]
         sft.append("run.keep_checkpoints=10")  # checkpoint 0 stays for --init-from
         short = ["curriculum.tiny.steps=[1,1,1]", "curriculum.tiny.max_response_tokens=[24,24,24]"]
         local = ["tool.kind=local", "verify_service.mode=local"]
@@ -286,7 +287,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--steps", type=int, default=6, help="RL steps of each run (>= 5)")
-    parser.add_argument("--sft-epochs", type=int, default=60, help="the origin's SFT epochs")
+    parser.add_argument("--sft-epochs", type=int, default=50, help="the origin's SFT epochs")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rstar2-faults-"))

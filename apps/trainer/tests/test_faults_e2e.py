@@ -25,7 +25,7 @@ import pytest
 
 from rstar2_trainer.rundir import read_metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the first test builds the origin
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200)]  # the first test builds the origin
 
 MODEL = [
     "model.layers=2",
@@ -47,9 +47,9 @@ ORIGIN = [
     *MODEL,
     "tool.kind=local",
     "verify_service.mode=local",
-    "sft.examples=32",
+    "sft.examples=16",
     "sft.epochs=50",
-    "sft.batch_size=16",
+    "sft.batch_size=8",
     "curriculum.tiny.steps=[1,1,1]",
     "curriculum.tiny.max_response_tokens=[24,24,24]",
     "run.keep_checkpoints=10",  # checkpoint 0 stays for --init-from
@@ -60,6 +60,7 @@ RUN = [
     "curriculum.tiny.steps=[3,2,1]",
     "curriculum.tiny.max_response_tokens=[160,160,160]",
     "reward.graded=response",  # every trajectory goes to the verify server
+    "rollout.temperature=0.3",  # near the traces SFT taught: calls that parse and reach the sandbox
 ]
 # What a step computed; equal between two runs when no call was lost or misattributed.
 SAME = (
@@ -87,7 +88,7 @@ def _train(args: list[str], log: Path) -> subprocess.Popen:
         )
 
 
-def _finish(proc: subprocess.Popen, log: Path, timeout: float = 900) -> str:
+def _finish(proc: subprocess.Popen, log: Path, timeout: float = 3000) -> str:
     proc.wait(timeout)
     return log.read_text()
 
@@ -96,7 +97,7 @@ def _rl(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if r["phase"] == "rl"]
 
 
-def _wait(proc: subprocess.Popen, log: Path, ready: Callable[[], bool], timeout: float = 600):
+def _wait(proc: subprocess.Popen, log: Path, ready: Callable[[], bool], timeout: float = 3000):
     deadline = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -154,7 +155,7 @@ def reference(origin, tmp_path_factory) -> list[dict]:
     out = _finish(proc, log)
     assert proc.returncode == 0, out[-3000:]
     steps = _rl(run_dir)
-    assert sum(r["tool_calls_mean"] for r in steps) > 0  # the model does call the tool
+    assert sum(r["tool_use_share"] for r in steps) > 0  # the model calls the tool
     assert all(r["service_restarts"] == 0 and r["calls_retried"] == 0 for r in steps)
     return steps
 
@@ -172,6 +173,9 @@ def test_a_killed_server_comes_back_and_the_run_goes_on_unchanged(
     steps = _rl(run_dir)
     _same(steps, reference)  # nothing lost, nothing scored as the model's failure
     assert sum(r["service_restarts"] for r in steps) == 1
+    assert "| services: 1 restart" in out  # the step line says so
+    if "sandbox" in server:  # a call found it dead (the proof that calls reach it), and ran again
+        assert sum(r["calls_retried"] for r in steps) >= 1
 
 
 def test_sigterm_stops_at_the_end_of_the_step_and_the_resume_equals_the_run(

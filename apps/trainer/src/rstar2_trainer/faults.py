@@ -109,7 +109,8 @@ def plan_restart(control: Control, exc: Exception, config: TrainerConfig, run_di
     control.restarts += 1
     failed = control.step if control.step is not None else good.step
     lost = max(0, failed - good.step)
-    error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    error = error.split("; the run can be resumed")[0][:300]  # it is being resumed
     control.restart = {
         "restart": control.restarts,
         "reason": reason,

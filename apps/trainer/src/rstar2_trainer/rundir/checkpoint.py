@@ -220,6 +220,7 @@ def latest_step(root: Path) -> int | None:
 def load_checkpoint(path: Path) -> Checkpoint:
     """Checkpoint folder `path`, its RNG state restored."""
     state = json.loads((path / "state.json").read_text())
+    state.pop("format", None)  # the manifest's promise, not the run's state
     model_path = path / "model.pt"
     model = torch.load(model_path, weights_only=True) if model_path.exists() else None
     opt_path = path / "optimizer.pt"

@@ -148,4 +148,6 @@ def load_sharded(
             model_state_dict=content["model"],
             optim_state_dict=content["optimizer"],
         )
-    return json.loads((path / "state.json").read_text())
+    state = json.loads((path / "state.json").read_text())
+    state.pop("format", None)  # the manifest's promise, not the caller's state
+    return state
