@@ -28,7 +28,8 @@ Each fault gives {"name", "survived", "steps_lost", "misattributed_calls", "reco
 - misattributed_calls: per step, failed tool calls and wrong answers beyond the reference run's
   (a seed repeats itself on one host, so any excess is a call or grade the fault turned into the
   model's failure), plus trajectories dropped as failed jobs beyond the reference's;
-- recover_s: seconds from the fault to the next RL step the run logged (a resume included).
+- recover_s: seconds from the fault to the next RL step the run logged (a resume, started at
+  once, included; for a corrupt checkpoint, from the corruption, which follows the kill).
 Prints a table and writes JSON. Not timed: wall times depend on the machine's load.
 """
 
@@ -126,7 +127,6 @@ class Bench:
         self.sft_epochs = sft_epochs
         self.origin = root / "origin"
         self.reference: list[dict] = []
-        self.recovered: float | None = None  # when the run logged a step after the fault
 
     def args(self, run_dir: Path, *extra: str) -> list[str]:
         third = self.steps - 2 * (self.steps // 3)
@@ -170,39 +170,34 @@ class Bench:
         return extra
 
     def result(self, name: str, run: Run, code: int, injected: float, lost: int) -> dict:
+        """The fault's entry; `injected`: the wall time (time.time) of the fault."""
         got = run.rl()
         survived = code == 0 and [r["step"] for r in got] == list(range(1, self.steps + 1))
         restarts = [r for r in read_metrics(run.run_dir) if r["phase"] == "restart"]
         lost += sum(r["steps_lost"] for r in restarts)
+        after = [r["time"] for r in got if r["time"] > injected]
         return {
             "name": name,
             "survived": survived,
             "steps_lost": lost,
             "misattributed_calls": self.misattributed(got),
-            "recover_s": round(self.recovered - injected, 2) if self.recovered else -1.0,
+            "recover_s": round(min(after) - injected, 2) if after else -1.0,
         }
-
-    def watch_next_step(self, run: Run, after: int) -> None:
-        """Remember when the run logs a step beyond `after` (polled by the caller's waits)."""
-        self.recovered = None
-        if run.wait_for(lambda: len(run.rl()) > after or _done(run)):
-            self.recovered = time.monotonic() if len(run.rl()) > after else None
 
     def kill_server(self, name: str, needle: str) -> dict:
         run = Run(self.args(self.root / name), self.root / name)
         run.wait_for(lambda: len(run.rl()) >= 2)
         pid = run.server_pid(needle)
-        injected = time.monotonic()
+        injected = time.time()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
-        self.watch_next_step(run, len(run.rl()))
         return self.result(name, run, run.finish(), injected, 0)
 
     def driver_sigterm(self) -> dict:
         name = "driver_sigterm"
         run = Run(self.args(self.root / name, "run.preempt_grace_s=120"), self.root / name)
         run.wait_for(lambda: len(run.rl()) >= 2)
-        injected = time.monotonic()
+        injected = time.time()
         run.proc.send_signal(signal.SIGTERM)
         return self.resume_after(name, run, injected)
 
@@ -212,7 +207,6 @@ class Bench:
         latest = run.run_dir / "checkpoints" / "latest"
         resumed_from = int(latest.read_text().strip().removeprefix("step_"))
         again = Run(["--resume", str(run.run_dir)], run.run_dir)
-        self.watch_next_step(again, resumed_from)
         lost = max(0, logged - resumed_from)
         return self.result(name, again, again.finish(), injected, lost)
 
@@ -239,7 +233,7 @@ class Bench:
             free = os.statvfs(disk)
             filler = disk / "filler"
             filler.write_bytes(b"\0" * max(0, free.f_bavail * free.f_frsize - (64 << 10)))
-            injected = time.monotonic()
+            injected = time.time()
             run.finish()
             filler.unlink()
             return self.resume_after(name, run, injected)
@@ -257,10 +251,9 @@ class Bench:
         data = bytearray(model.read_bytes())
         data[len(data) // 2] ^= 0xFF
         model.write_bytes(bytes(data))
-        injected = time.monotonic()
+        injected = time.time()
         logged = len(run.rl())
         again = Run(["--resume", str(run.run_dir)], run.run_dir)
-        self.watch_next_step(again, 3)
         code = again.finish()
         skipped = "step_000004 is incomplete or corrupt" in again.log.read_text()
         result = self.result(name, again, code, injected, max(0, logged - 3))
@@ -275,10 +268,6 @@ def _failed_calls(record: dict) -> int:
 
 def _wrong(record: dict) -> int:
     return round((1 - (record.get("reward") or 0)) * record.get("trajectories", 0))
-
-
-def _done(run: Run) -> bool:
-    return run.proc.poll() is not None
 
 
 def main() -> None:
