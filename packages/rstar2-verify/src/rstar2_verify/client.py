@@ -126,7 +126,9 @@ class VerifyClient:
         grades: list[Grade] = []
         for start in range(0, len(requests), self.batch_size):
             batch = verify_pb2.GradeBatchRequest(requests=requests[start : start + self.batch_size])
-            reply = await self._send(lambda b=batch: self._stub.GradeBatch(b, timeout=self.timeout_s))
+            reply = await self._send(
+                lambda b=batch: self._stub.GradeBatch(b, timeout=self.timeout_s)
+            )
             grades.extend(grade_from_proto(g) for g in reply.grades)
         return grades
 
