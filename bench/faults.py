@@ -28,8 +28,9 @@ Each fault gives {"name", "survived", "steps_lost", "misattributed_calls", "reco
 - misattributed_calls: per step, failed tool calls and wrong answers beyond the reference run's
   (a seed repeats itself on one host, so any excess is a call or grade the fault turned into the
   model's failure), plus trajectories dropped as failed jobs beyond the reference's;
-- recover_s: seconds from the fault to the next RL step the run logged (a resume, started at
-  once, included; for a corrupt checkpoint, from the corruption, which follows the kill).
+- recover_s: seconds from the fault to the next RL step the run logged; where the fault ends
+  the run, to the first step the resume (started at once) logged; for a corrupt checkpoint,
+  from the corruption, which follows the kill.
 Prints a table and writes JSON. Not timed: wall times depend on the machine's load.
 """
 
@@ -169,13 +170,16 @@ class Bench:
             extra += max(0, a.get("failed_jobs", 0) - b.get("failed_jobs", 0))
         return extra
 
-    def result(self, name: str, run: Run, code: int, injected: float, lost: int) -> dict:
-        """The fault's entry; `injected`: the wall time (time.time) of the fault."""
+    def result(
+        self, name: str, run: Run, code: int, injected: float, lost: int, since: float = 0.0
+    ) -> dict:
+        """The fault's entry; `injected`: the wall time (time.time) of the fault; the recovery
+        is the first RL record after it and after `since` (a resume's start)."""
         got = run.rl()
         survived = code == 0 and [r["step"] for r in got] == list(range(1, self.steps + 1))
         restarts = [r for r in read_metrics(run.run_dir) if r["phase"] == "restart"]
         lost += sum(r["steps_lost"] for r in restarts)
-        after = [r["time"] for r in got if r["time"] > injected]
+        after = [r["time"] for r in got if r["time"] > max(injected, since)]
         return {
             "name": name,
             "survived": survived,
@@ -206,9 +210,10 @@ class Bench:
         logged = len(run.rl())
         latest = run.run_dir / "checkpoints" / "latest"
         resumed_from = int(latest.read_text().strip().removeprefix("step_"))
+        since = time.time()
         again = Run(["--resume", str(run.run_dir)], run.run_dir)
         lost = max(0, logged - resumed_from)
-        return self.result(name, again, again.finish(), injected, lost)
+        return self.result(name, again, again.finish(), injected, lost, since)
 
     def disk_full_at_save(self) -> dict:
         name = "disk_full_at_save"
@@ -256,7 +261,7 @@ class Bench:
         again = Run(["--resume", str(run.run_dir)], run.run_dir)
         code = again.finish()
         skipped = "step_000004 is incomplete or corrupt" in again.log.read_text()
-        result = self.result(name, again, code, injected, max(0, logged - 3))
+        result = self.result(name, again, code, injected, max(0, logged - 3), injected)
         result["survived"] = result["survived"] and skipped
         return result
 
