@@ -162,3 +162,30 @@ def tiny_on_ray() -> TinyOnRay:
     os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     return TinyOnRay()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`small_disk(kib)`: a real filesystem of `kib` KiB (a tmpfs mounted under tmp_path) that a
+    write fills with ENOSPC; unmounted afterwards. Mounting needs root (CAP_SYS_ADMIN): the
+    test skips where it cannot."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(kib: int) -> Path:
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -9,10 +9,12 @@ A user mistake (an unknown recipe, a wrong key or value, a run directory that is
 that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr (each
 of several wrong keys or values a line of its own) and exit code 2, never a traceback; the data
 is read before the run directory is made, so a mistake leaves nothing behind. A service that
-fails (a port in use, a server that dies, a Ray cluster without room for the run) is one line
-and exit code 1; the run can then be resumed. A training rank that dies (with colocated engines:
-also its engine's actor) stops the run within the step, with one line that names the rank and
-the `--resume` command (`stop_line`), exit code 1; so does a run whose every engine is gone.
+fails (a port in use, a server that dies for good, a Ray cluster without room for the run) or a
+checkpoint the disk refuses is one line and exit code 1; the run can then be resumed. A training
+rank that dies (with colocated engines: also its engine's actor) stops the run within the step,
+with one line that names the rank and the `--resume` command (`stop_line`), exit code 1; so does
+a run whose every engine is gone. A SIGTERM stops the run at a safe point with a checkpoint
+(preempt.py): exit code 0 and the resume command; a second SIGTERM ends it at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rstar2_trainer.config import (
     validate_config,
 )
 from rstar2_trainer.placement.servers import ServerError
+from rstar2_trainer.preempt import Preempted
 from rstar2_trainer.rundir import new_run_dir, write_config
 from rstar2_trainer.rundir.origin import parse_init_from, resolve_origin
 
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_trainer.placement.cluster import ClusterError
     from rstar2_trainer.placement.engines import EngineError
     from rstar2_trainer.rundir.logs import quiet
+    from rstar2_trainer.rundir.manifest import CheckpointError
     from rstar2_trainer.train import run
     from rstar2_trainer.training.train_workers import RankError
 
@@ -175,6 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     except (RankError, EngineError) as exc:  # a lost rank, or no engine left
         print(stop_line(exc, run_dir), file=sys.stderr)
         return 1
+    except CheckpointError as exc:
+        print(
+            f"rstar2-train: {exc}; free space, then resume with --resume {run_dir}", file=sys.stderr
+        )
+        return 1
+    except Preempted as stop:
+        print(_preempted(stop, run_dir), flush=True)
+        return 0
     except KeyboardInterrupt:
         print(f"rstar2-train: interrupted; resume with --resume {run_dir}", file=sys.stderr)
         return 130
@@ -185,6 +197,17 @@ def stop_line(exc: BaseException, run_dir: Path) -> str:
     """The one line a run stopped by a lost training rank ends with."""
     why = " ".join(str(exc).split())
     return f"rstar2-train: {why}; the run stopped; resume it with: rstar2-train --resume {run_dir}"
+
+
+def _preempted(stop: Preempted, run_dir: Path) -> str:
+    """The line a preempted run ends with: where it stopped and how to go on."""
+    if stop.saved:
+        where = f"after RL step {stop.step}, checkpoint step {stop.step} saved"
+    elif stop.step is not None:
+        where = f"in the middle of a step (dropped); checkpoint step {stop.step} is the newest"
+    else:
+        where = "before the first checkpoint; a resume starts over"
+    return f"rstar2-train: stopped on SIGTERM {where}; resume with: rstar2-train --resume {run_dir}"
 
 
 def _split(args: argparse.Namespace) -> tuple[str, list[str]]:

@@ -84,7 +84,40 @@ class RunConfig(_Section):
         "engine); auto: every core this process may run on.",
     )
     checkpoint_every: int = Field(default=1, gt=0, description="RL steps between checkpoints.")
-    keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept on disk.")
+    keep_checkpoints: int = Field(
+        default=2,
+        gt=0,
+        description="Checkpoints kept on disk; older ones are removed only after a newer one is "
+        "complete, so the newest good one is never removed.",
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Times the run restarts itself after a failure it can recover from (a dead "
+        "rank or actor, a collective that timed out, an out-of-memory, a lost node, a service "
+        "dead for good), each time from the newest good checkpoint as --resume does; 0: the "
+        "run ends on the first one.",
+    )
+    preempt_grace_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds between a SIGTERM and the exit: the run stops at the end of its "
+        "step, writes a checkpoint, exits 0 and prints the resume command; a step that cannot "
+        "end in time is dropped and the run exits from its last checkpoint.",
+    )
+    service_restarts: int = Field(
+        default=5,
+        ge=0,
+        description="Times each child service (the sandbox and verify servers) is started again "
+        "when it dies; its calls in flight are sent again. 0: never (a dead service then restarts "
+        "the whole run, as run.max_restarts allows).",
+    )
+    service_retry_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds a call to a service that is down is sent again (while it restarts) "
+        "before it counts as failed.",
+    )
     trackers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default=["jsonl", "tensorboard"],
         description="Where metrics, the resolved config and the plots go, any of jsonl "

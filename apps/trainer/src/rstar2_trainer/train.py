@@ -54,10 +54,16 @@ A run with `init` (`--init-from`, rundir/origin.py) starts from another run's ch
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
 evaluated as `init`, checkpoint 0, then RL.
 
-Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
-checkpoint and the trackers drop or hold back what was logged after it (tracking.py), so no step
-is lost or repeated. Every random choice
+Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the newest
+good checkpoint (rundir/checkpoint.py: `latest`, or the one before when that one is incomplete
+or corrupt, with one line) and the trackers drop or hold back what was logged after it
+(tracking.py), so no step is lost or repeated. Every random choice
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
+
+Faults (docs/LAUNCH.md, "When something fails"): child services restart themselves (each step
+logs `service_restarts`, `calls_retried`); a failure faults.py calls restartable restarts the
+run from its newest good checkpoint as `--resume` would (`run.max_restarts`, a `restart` record);
+SIGTERM stops it at the end of its step with a checkpoint (preempt.py).
 """
 
 from __future__ import annotations
@@ -88,11 +94,13 @@ from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
 from rstar2_trainer.evaluate import held_out_problems, measure_accuracy
+from rstar2_trainer.faults import Control, plan_restart
 from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
+from rstar2_trainer.preempt import Preempted, Preemption
 from rstar2_trainer.rundir import report
-from rstar2_trainer.rundir.checkpoint import latest_step, load_latest
+from rstar2_trainer.rundir.checkpoint import GoodCheckpoint, load_checkpoint, newest_good
 from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.sampling import rollout_config_for
@@ -136,6 +144,8 @@ class Run:
     policy_version: int = 0  # changes of the policy's weights in this process
     pushed: list[int] = field(default_factory=lambda: [0])  # push count -> policy version
     pool: RolloutPool | None = None  # asynchronous steps: groups in flight across steps
+    control: Control = field(default_factory=Control)  # train() hands its own
+    services_seen: dict[str, int] = field(default_factory=dict)  # service counts at the last step
 
     @property
     def checkpoints(self) -> Path:
@@ -145,28 +155,65 @@ class Run:
 async def train(
     config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None
 ) -> Path:
+    """The run; after a failure it can recover from, again from the newest good checkpoint
+    (`run.max_restarts`); `Preempted` after a SIGTERM."""
     torch.set_num_threads(config.run.torch_threads)
+    control = Control(Preemption.install(config.run.preempt_grace_s))
+    try:
+        while True:
+            try:
+                await attempt(config, run_dir, resume, data, control)
+                return run_dir
+            except asyncio.CancelledError:
+                if not control.preemption.expired:
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                step = newest_good(run_dir / "checkpoints", checksums=False).step
+                raise Preempted(step, saved=False) from None
+            except Exception as exc:
+                if not plan_restart(control, exc, config, run_dir):
+                    raise
+                resume, data = True, None  # the data again: the curriculum object was used
+    finally:
+        control.preemption.uninstall()
+
+
+async def attempt(
+    config: TrainerConfig, run_dir: Path, resume: bool, data: RunData | None, control: Control
+) -> None:
+    """One attempt of the run: a new start, or the newest good checkpoint restored."""
     if data is None:
         data = load_run_data(config, resume=resume)
+    good = newest_good(run_dir / "checkpoints") if resume else GoodCheckpoint(None, None)
+    for line in good.skipped:
+        report.console.print(line)
     # The trackers continue the tracked run of the checkpoint: what was logged past it belongs
     # to the step being redone and goes; with no checkpoint yet the run starts over, and so do
     # its tracked runs (tracking.py).
-    step = latest_step(run_dir / "checkpoints") if resume else None
-    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=step)
+    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=good.step)
+    if control.restart is not None:
+        log.log("restart", good.step or 0, control.restart)
+        control.restart = None
     ok = False
     try:
-        await _train(config, run_dir, log, resume, data)
+        await _train(config, run_dir, log, good, data, control)
         if config.run.plots:
             for path in report.draw_plots(run_dir, plot_records(run_dir, log)):
                 log.log_artifact(path)
         ok = True
     finally:
         log.close(ok)
-    return run_dir
 
 
 async def _train(
-    config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: bool, data: RunData
+    config: TrainerConfig,
+    run_dir: Path,
+    log: MetricsLog,
+    good: GoodCheckpoint,
+    data: RunData,
+    control: Control,
 ) -> None:
     problems = data.prepared.problems
     curriculum = data.prepared.curriculum
@@ -174,7 +221,7 @@ async def _train(
     if config.eval.synthetic:
         held_out = held_out_problems(config.eval, [*problems, *data.sft_problems])
         write_jsonl(held_out, run_dir / "heldout.jsonl")  # for rstar2-eval on the same problems
-    ckpt = load_latest(run_dir / "checkpoints") if resume else None
+    ckpt = load_checkpoint(good.path) if good.path is not None else None
     traces = data.sft if ckpt is None else []
 
     copy_model_dir(config, run_dir)  # --init-from: the origin's tiny model and tokenizer
@@ -187,6 +234,7 @@ async def _train(
             config, parts.model, parts.model_dir, precision, pad_id=pad_id, group=parts.train_group
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
+            run.control = control
             await run_steps(run, ckpt, traces)
             policy_dir = await export(run)
         report.final_table(run.evals, run_dir, policy_dir, final_eval_command(config))
@@ -210,13 +258,27 @@ async def run_steps(run: Run, ckpt: Any, traces: list) -> None:
             await start(run, traces)
         else:
             await restore(run, ckpt)
+        await safe_point(run, saved=True)
         while not run.curriculum.plan.finished:
             run.step += 1
+            run.control.step = run.step
             stage, metrics = await rl_step(run)
-            await end_step(run, stage, metrics)
+            saved = await end_step(run, stage, metrics)
+            await safe_point(run, saved)
     finally:
         if run.pool is not None:
             await run.pool.close()
+
+
+async def safe_point(run: Run, saved: bool) -> None:
+    """After SIGTERM: a checkpoint of this step (unless it has one), then `Preempted`."""
+    if not run.control.preemption.requested:
+        return
+    if not saved:  # the pool paused: the checkpoint records what was drawn and not trained
+        async with run.pool.paused() if run.pool is not None else contextlib.nullcontext():
+            await save(run)
+    run.control.preemption.saved()
+    raise Preempted(run.step, saved=True)
 
 
 async def run_eval(run: Run, when: str) -> None:
@@ -297,7 +359,7 @@ async def start_from_origin(run: Run) -> None:
 
 async def restore(run: Run, ckpt: Any) -> None:
     """Back to the latest checkpoint: policy, curriculum, evaluations, step; engines synced."""
-    run.step = ckpt.step
+    run.step = run.control.step = ckpt.step
     await run.parts.mover.sleep()  # loading is a collective on the ranks' state
     await run.policy.restore(ckpt)
     run.curriculum.load_state_dict(ckpt.state["curriculum"])
@@ -364,6 +426,9 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         **staleness_stats(trajectories, run.policy_version, run.pushed),
     }
     metrics["engines_dropped"] = len(parts.engines.dropped)
+    counts = parts.service_counts()  # since the last step: restarts, calls sent again
+    metrics.update({k: v - run.services_seen.get(k, 0) for k, v in counts.items()})
+    run.services_seen = counts
     if not selection.trajectories:
         metrics.update(time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1)
         return stage, metrics
@@ -439,9 +504,9 @@ async def roll_out(
     return got.trajectories, {"drawn": [p.id for p in drawn], **got.step_metrics()}
 
 
-async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
+async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> bool:
     """Curriculum (difficulty, stage switch), log, then the stage switch's work and the
-    checkpoint with the rollout pool paused."""
+    checkpoint with the rollout pool paused; whether it checkpointed."""
     switch = run.curriculum.end_step(
         StepMetrics(
             all_correct_share=metrics.get("all_correct_share"),
@@ -455,6 +520,7 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
     report.step_line(run.step, stage.name, metrics)
     async with run.pool.paused() if run.pool is not None else contextlib.nullcontext():
         await switch_and_save(run, stage, switch, checkpoint)
+    return checkpoint
 
 
 async def switch_and_save(run: Run, stage: Any, switch: Any, checkpoint: bool) -> None:
@@ -498,10 +564,12 @@ async def save(run: Run) -> None:
             for pending in run.pool.pending()
         ]
     asleep = await run.parts.mover.sleep()
+    started = time.perf_counter()
     await run.policy.save(run.checkpoints, run.step, state)
     if asleep.needs_push:  # the same weights back: no new policy version
         await sync(run, changed=False)
     run.log.checkpointed(run.step)
+    run.control.preemption.last_save_s = time.perf_counter() - started
 
 
 async def export(run: Run) -> Path:

@@ -61,18 +61,25 @@ class Verifier:
     _grader: Any = None  # an in-process rstar2_verify.Grader
 
     @classmethod
-    def remote(cls, address: str, token: str | None = None) -> Verifier:
-        """One verify server."""
+    def remote(cls, address: str, token: str | None = None, retry_for_s: float = 0.0) -> Verifier:
+        """One verify server; a call it refuses as UNAVAILABLE is sent again for `retry_for_s`."""
         from rstar2_verify.client import VerifyClient
 
-        return cls(_client=VerifyClient(address, token=token))
+        return cls(_client=VerifyClient(address, token=token, retry_for_s=retry_for_s))
 
     @classmethod
-    def pool(cls, addresses: Sequence[str], token: str | None = None) -> Verifier:
-        """Several verify servers, least outstanding first, with fail-over."""
+    def pool(
+        cls, addresses: Sequence[str], token: str | None = None, retry_for_s: float = 0.0
+    ) -> Verifier:
+        """Several verify servers, least outstanding first, with fail-over (and retry)."""
         from rstar2_verify.client import VerifyPool
 
-        return cls(_client=VerifyPool(addresses, token=token))
+        return cls(_client=VerifyPool(addresses, token=token, retry_for_s=retry_for_s))
+
+    @property
+    def retried(self) -> int:
+        """Calls the client sent more than once (0 in-process)."""
+        return int(getattr(self._client, "retried", 0))
 
     @classmethod
     def local(cls, config: VerifyConfig) -> Verifier:

@@ -11,6 +11,13 @@ grades in-process. Trajectories come from one `rstar2_rollout.TrajectorySource`:
 `remote` section, the `rstar2-rollout serve` services (`remote.RemoteServices`; no local engine
 or sandbox). The weights move through `Parts.mover` (placement/weights.py): a `TensorMover`
 streaming the driver's weights into the local engines, or a `RemoteMover` to the services.
+
+The child services are supervised (`run.service_restarts`, `run.service_retry_s`): the verify
+server by its `ChildServer` (restarted on the same port), the sandbox child by rstar2-sandbox's
+`ChildSandbox` (restarted on a new port, its client re-pointed); both clients send a call again
+while the service comes back. `Parts.check_servers` raises a restartable `ServerError` for a
+service dead for good, and `Parts.service_counts` says how many restarts and resent calls there
+were.
 """
 
 from __future__ import annotations
@@ -45,7 +52,13 @@ from rstar2_trainer.config import (
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.remote import RemoteServices
-from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
+from rstar2_trainer.placement.servers import (
+    ChildServer,
+    RunToken,
+    ServerError,
+    console_script,
+    service_token,
+)
 from rstar2_trainer.placement.weights import RemoteMover, TensorMover, WeightMover
 from rstar2_verify import Scorer, Verifier
 
@@ -67,9 +80,22 @@ class Parts:
     train_group: Any = None  # the FSDP2 ranks (a TrainGroup) the placement started, if any
 
     def check_servers(self) -> None:
-        """Raise ServerError if a child server died."""
+        """Raise ServerError (restartable) if a child service died and cannot come back."""
         for server in self.servers:
             server.check()
+        if getattr(self.sandbox, "alive", True) is False:
+            restarts = getattr(self.sandbox, "restarts", 0)
+            raise ServerError(
+                f"the sandbox child server died and {restarts} restarts did not bring it back",
+                restartable=True,
+            )
+
+    def service_counts(self) -> dict[str, int]:
+        """Since the start: restarts of the child services, and calls sent more than once."""
+        restarts = sum(s.restarts_done for s in self.servers)
+        restarts += int(getattr(self.sandbox, "restarts", 0))
+        retried = int(getattr(self.sandbox, "retried", 0)) + self.scorer.verifier.retried
+        return {"service_restarts": restarts, "calls_retried": retried}
 
 
 def local_source(
@@ -189,12 +215,18 @@ async def _open_verifier(
             str(config.verify.timeout_s),
         ]
         server = ChildServer(
-            "verify", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
+            "verify",
+            argv,
+            port=service.port,
+            health=grpc_healthy,
+            token_file=_path(token),
+            restarts=config.run.service_restarts,
         )
         servers.append(server)
         address = server.start()
     assert address is not None
-    return Verifier.remote(address, token=service_token(service, token))
+    token_value = service_token(service, token)
+    return Verifier.remote(address, token=token_value, retry_for_s=config.run.service_retry_s)
 
 
 def _path(token: RunToken | None) -> Path | None:
@@ -225,7 +257,14 @@ async def open_parts(
                 model_dir, model, tokenizer, engines, remote, None, scorer, mover, servers, remote
             )
             return
-        sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
+        sandbox = await stack.enter_async_context(
+            open_sandbox(
+                config.tool,
+                config.sandbox,
+                restarts=config.run.service_restarts,
+                retry_for_s=config.run.service_retry_s,
+            )
+        )
         engines = Engines([EngineMeter(e) for e in build_engines(config, model_dir)])
         for engine in engines:
             stack.push_async_callback(engine.close)
