@@ -6,7 +6,7 @@ it. Restartable, because the parts a restart builds anew are what failed:
 
     dead rank      a Ray actor (training rank, colocated rank + engine, engine) died or became
                    unreachable: RayActorError (ActorDiedError, ActorUnavailableError),
-                   WorkerCrashedError
+                   WorkerCrashedError; the rank group's `RankError` (a rank found gone)
     lost node      NodeDiedError, LocalRayletDiedError, OwnerDiedError, ObjectLostError
     collective     a collective or the weight channel gave up: torch's DistBackendError,
                    DistNetworkError, DistStoreError; a Ray channel timeout
@@ -44,6 +44,7 @@ from rstar2_trainer.placement.servers import ServerError
 from rstar2_trainer.preempt import Preemption
 from rstar2_trainer.rundir import report
 from rstar2_trainer.rundir.checkpoint import newest_good
+from rstar2_trainer.training.train_workers import RankError
 
 _RAY = {
     "RayActorError": "dead rank",
@@ -73,6 +74,8 @@ def restart_reason(exc: BaseException) -> str | None:
         return "service down" if cause.restartable else None
     if isinstance(cause, EngineError):
         return "engines lost"
+    if isinstance(cause, RankError):  # a rank's actor found gone by the rank group
+        return "dead rank"
     if _grpc_unavailable(cause):
         return "service down"
     for kind in type(cause).__mro__:
