@@ -82,7 +82,7 @@ def _check_model(config: TrainerConfig, origin: TrainerConfig, origin_dir: Path)
             f"--init-from {origin_dir}: that run trained the pretrained model {theirs.path}; "
             f"set model={{kind: pretrained, path: {theirs.path}}}"
         )
-    mine, other = ours.model_dump(), theirs.model_dump()
+    mine, other = ours.model_dump(exclude={"lora"}), theirs.model_dump(exclude={"lora"})
     differ = [f"model.{k} {mine[k]} here, {other[k]} there" for k in mine if mine[k] != other[k]]
     if differ:
         raise ConfigError(
