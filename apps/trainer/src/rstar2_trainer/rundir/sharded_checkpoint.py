@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -31,6 +32,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+
+# Frozen parameters (a LoRA policy's base) are the model folder's: a checkpoint holds what trains.
+_TRAINED = StateDictOptions(ignore_frozen_params=True)
 
 
 def _rank() -> int:
@@ -68,9 +73,9 @@ def save_sharded(
         tmp.mkdir()
     _barrier()
     if optimizer is None:
-        content: dict[str, Any] = {"model": get_model_state_dict(model)}
+        content: dict[str, Any] = {"model": get_model_state_dict(model, options=_TRAINED)}
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_TRAINED)
         content = {"model": model_sd, "optimizer": optim_sd}
     _dcp(dcp_save, content, tmp)
     _barrier()
@@ -102,11 +107,11 @@ def load_sharded(
     if not (path / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a sharded checkpoint (no .metadata)")
     if optimizer is None:
-        content: dict[str, Any] = {"model": get_model_state_dict(model)}
+        content: dict[str, Any] = {"model": get_model_state_dict(model, options=_TRAINED)}
         _dcp(dcp_load, content, path)
-        set_model_state_dict(model, content["model"])
+        set_model_state_dict(model, content["model"], options=_TRAINED)
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_TRAINED)
         content = {"model": model_sd, "optimizer": optim_sd}
         _dcp(dcp_load, content, path)
         set_state_dict(
@@ -114,5 +119,6 @@ def load_sharded(
             optimizer,
             model_state_dict=content["model"],
             optim_state_dict=content["optimizer"],
+            options=_TRAINED,
         )
     return json.loads((path / "state.json").read_text())
