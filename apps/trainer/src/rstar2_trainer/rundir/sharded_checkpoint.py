@@ -33,7 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-
 # Frozen parameters (a LoRA policy's base) are the model folder's: a checkpoint holds what trains.
 _TRAINED = StateDictOptions(ignore_frozen_params=True)
 

@@ -99,8 +99,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rstar2_rollout.engines.startup import (
     ENGINE_RESERVE_BYTES,
     LORA_SLOTS,
-    lora_slot_rank,
     VLLM_DEFAULT_SHARE,
+    lora_slot_rank,
     need_bytes,
     requested_bytes,
     start_share,
