@@ -186,7 +186,8 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """`trainable_state`'s tensors back into `model`; ValueError naming what does not match."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    if set(state) != set(params):
+    shapes = {n: tuple(p.shape) for n, p in params.items()}
+    if set(state) != set(params) or any(tuple(state[n].shape) != shapes[n] for n in shapes):
         missing = sorted(set(params) - set(state))[:2]
         extra = sorted(set(state) - set(params))[:2]
         raise ValueError(
