@@ -117,7 +117,9 @@ def test_a_restored_adapter_and_optimizer_continue_exactly(model_dir, tmp_path):
     for (name, want), got in zip(lora.trainable_state(a).items(), lora.trainable_state(c).values()):
         assert torch.equal(want, got), name
     with pytest.raises(ValueError, match="does not fit this LoRA policy"):
-        lora.load_trainable_state(lora.apply_lora(_base(model_dir), LoraSettings(rank=8)), ckpt.model)
+        lora.load_trainable_state(
+            lora.apply_lora(_base(model_dir), LoraSettings(rank=8)), ckpt.model
+        )
 
 
 def test_fsdp2_trains_fp32_adapters_beside_a_bf16_frozen_base(model_dir):

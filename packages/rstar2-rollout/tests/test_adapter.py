@@ -29,7 +29,9 @@ def _peft_adapter(tiny_model, rank=4):
             if "lora_B" in name:
                 p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
     config = model.peft_config["default"].to_dict()
-    config = {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in config.items()}
+    config = {
+        k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in config.items()
+    }
     tensors = sorted(get_peft_model_state_dict(model).items())
     return Adapter([(n, t.clone()) for n, t in tensors], config), model.merge_and_unload()
 
