@@ -114,7 +114,9 @@ def test_a_restored_adapter_and_optimizer_continue_exactly(model_dir, tmp_path):
     opt_c.load_state_dict(ckpt.optimizer)
     for _ in range(2):
         step(c, opt_c)
-    for (name, want), got in zip(lora.trainable_state(a).items(), lora.trainable_state(c).values()):
+    for (name, want), got in zip(
+        lora.trainable_state(a).items(), lora.trainable_state(c).values(), strict=True
+    ):
         assert torch.equal(want, got), name
     with pytest.raises(ValueError, match="does not fit this LoRA policy"):
         lora.load_trainable_state(
@@ -183,9 +185,9 @@ def test_lora_config_fills_the_engine_and_refuses_what_cannot_serve_it():
     assert config.engine_for("/m", replica=0).max_lora_rank == 8  # type: ignore[union-attr]
     merged = load_config("tiny", ["model.lora.rank=8", "model.lora.sync=merged"])
     assert merged.engine_for("/m", replica=0).max_lora_rank is None  # type: ignore[union-attr]
-    with pytest.raises(ConfigError, match="set model.lora.sync: merged"):
+    with pytest.raises(ConfigError, match=r"set model\.lora\.sync: merged"):
         load_config("tiny", ["model.lora.rank=8", "remote.workers=[h:1]"])
-    with pytest.raises(ConfigError, match="set cluster.sleep_level: 1"):
+    with pytest.raises(ConfigError, match=r"set cluster\.sleep_level: 1"):
         load_config("gpu-1", ["model.lora.rank=8"])
-    with pytest.raises(ConfigError, match="model.lora.rank"):
+    with pytest.raises(ConfigError, match=r"model\.lora\.rank"):
         load_config("tiny", ["model.lora.rank=0"])

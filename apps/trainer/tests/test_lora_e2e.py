@@ -92,7 +92,7 @@ def test_a_pushed_adapter_serves_what_the_merged_model_computes(tmp_path):
             kv_cache_memory_bytes=32 << 20,
             max_model_len=512,
             max_lora_rank=8,
-        )  # fmt: skip
+        )
     )
     mover = TensorMover(Engines([engine]))
     prompts = [[5, 17, 33, 40, 99, 100, 7], [11, 12, 13, 14]]

@@ -42,7 +42,9 @@ def test_an_adapter_folder_round_trips(tmp_path, tiny_model):
     assert is_adapter_folder(folder) and not is_adapter_folder(tmp_path)
     back = read_adapter(folder)
     assert back.config == adapter.config and back.nbytes == adapter.nbytes
-    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(adapter.tensors, back.tensors))
+    assert all(
+        torch.equal(a, b) for (_, a), (_, b) in zip(adapter.tensors, back.tensors, strict=True)
+    )
 
 
 def test_the_transformers_engine_with_an_adapter_answers_as_the_merged_model(tiny_model):

@@ -73,7 +73,7 @@ def apply_lora(
     *,
     base_dtype: torch.dtype = torch.float32,
     base_path: str | Path | None = None,
-) -> Any:
+) -> torch.nn.Module:
     """`model` as a PEFT LoRA model (module docstring); frozen base in `base_dtype`."""
     from peft import get_peft_model
 

@@ -203,7 +203,7 @@ class DriverPolicy:
         save_checkpoint(
             checkpoints,
             step,
-            model=self.model if self.lora is None else lora.TrainableState(self.model),
+            model=self.model if self.lora is None else lora.TrainableState(self.model),  # type: ignore[arg-type]
             optimizer=self.optimizer,
             state=state,
             keep=self.config.run.keep_checkpoints,
