@@ -184,7 +184,10 @@ def test_a_real_steps_memory_above_its_state_is_within_15_percent_of_the_model(k
     state = sum(b.training_terms[k] for k in ("master", "grads", "adam"))
     predicted, measured = b.training - state, m["measured_bytes"] - m["state_bytes"]
     assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
-    assert m["state_bytes"] >= state  # the resting state is at least what the model counts
+    # The resting state, counted from its tensors, is what the model counts (RSS is not used
+    # here: a host's allocator and swap move it by 100+ MiB either way at this size).
+    resting = state - b.training_terms["grads"]  # freed after each step (set_to_none)
+    assert abs(m["state_tensor_bytes"] / resting - 1) < 0.02, (m["state_tensor_bytes"], resting)
 
 
 def test_a_gpu_run_that_does_not_fit_is_refused_before_anything_starts(tmp_path):
