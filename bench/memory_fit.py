@@ -158,6 +158,9 @@ RECIPE_SETUPS = [
     ("node-8gpu-8xh100", "node-8gpu", QWEN3_8B_JSON, H100_BYTES),
     ("qwen3-14b-12k-8xh100-colocated", "node-8gpu", QWEN3_14B_JSON, H100_BYTES),
     ("qwen3-14b-12k-64xmi300x-colocated", "qwen3-14b-mi300x", QWEN3_14B_JSON, MI300X_BYTES),
+    # LoRA on one GPU: the frozen bf16 base, rank-32 adapters, adapter sync (12K rows).
+    ("qwen3-8b-lora-1xh100", "qwen3-8b-lora-1gpu", QWEN3_8B_JSON, H100_BYTES),
+    ("qwen3-14b-lora-1xh100", "qwen3-14b-lora-1gpu", QWEN3_14B_JSON, H100_BYTES),
 ]
 
 

@@ -126,3 +126,22 @@ if metrics:
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(f"gpu_check: wrote {out / 'summary.json'}")
 EOF
+
+# ---- stage: lora (bench/lora_step.py; its own block, its own summary key) --------------------
+# A Qwen3-shaped LoRA step on the GPU with torch + transformers + peft only: the 8B's width at
+# 8K tokens, 4 of its blocks, the frozen bf16 base, rank-32 adapters (step seconds, peak
+# allocated memory against the memory model, adapter bytes, the base unchanged).
+run_stage lora 300 "${py[@]}" bench/lora_step.py --device cuda --hidden 4096 \
+    --intermediate 12288 --layers 4 --heads 32 --kv-heads 8 --tokens 8192 --rank 32 \
+    --out "$out/lora_step.json"
+"${py[@]}" - "$out" <<'PYEOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+summary_path, step = out / "summary.json", out / "lora_step.json"
+summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+summary["stages"] = [json.loads(l) for l in (out / "stages.jsonl").read_text().splitlines()]
+summary["lora"] = json.loads(step.read_text()) if step.exists() else None
+summary_path.write_text(json.dumps(summary, indent=2))
+PYEOF
+# ---- end stage: lora --------------------------------------------------------------------------

@@ -15,7 +15,14 @@ import pytest
 from rstar2_trainer.cli import main
 from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
 
-COLOCATED = {"gpu-1", "node-8gpu", "qwen3-14b-mi300x", "sft-paper"}
+COLOCATED = {
+    "gpu-1",
+    "node-8gpu",
+    "qwen3-14b-mi300x",
+    "qwen3-14b-lora-1gpu",
+    "qwen3-8b-lora-1gpu",
+    "sft-paper",
+}
 PARTIAL = ["async.max_staleness=2", "async.partial_rollout=true"]
 
 

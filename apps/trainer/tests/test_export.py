@@ -64,7 +64,7 @@ def test_the_cli_prints_the_folder_and_the_eval_command(run_dir, tmp_path, capsy
     [
         (["--export", "{run}", "--step", "3"], "keeps no checkpoint of step 3 (kept: [0, 5]"),
         (["--export", "{tmp}"], "is not a run directory"),
-        (["--step", "3"], "--step and --to go with --export"),
+        (["--step", "3"], "--step, --to and --merged go with --export"),
         (["--export", "{run}", "--resume", "{run}"], "--export takes only a run directory"),
         (["--export", "{run}", "--to", "{tmp}/no/such/p"], "is not a writable folder"),
     ],

@@ -59,6 +59,11 @@ class LocalModel(_Frozen):
     kv_cache_gib: float = Field(
         default=4.0, gt=0, description="vLLM's KV-cache size in GiB (engine.kv_cache_memory_bytes)."
     )
+    base: str | None = Field(
+        default=None,
+        description="For a LoRA adapter folder (adapter_config.json): its base model's folder; "
+        "None: the adapter_config.json's base_model_name_or_path.",
+    )
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         "--to", metavar="OUT", help="with --export: where (default: RUN_DIR/policy_step_N)"
     )
     parser.add_argument(
+        "--merged",
+        action="store_true",
+        help="with --export of a LoRA run: the base with the adapter merged (a model folder), "
+        "not the adapter folder",
+    )
+    parser.add_argument(
         "--init-from",
         metavar="RUN_DIR[:STEP]",
         help="a new run (this recipe and overrides) from RUN_DIR's checkpoint STEP (default: "
@@ -86,7 +92,8 @@ def _export(args: argparse.Namespace) -> int:
     from rstar2_trainer.rundir.export import export_checkpoint
 
     run_dir = Path(args.export)
-    out = export_checkpoint(run_dir, args.step, Path(args.to) if args.to else None)
+    to = Path(args.to) if args.to else None
+    out = export_checkpoint(run_dir, args.step, to, merged=args.merged)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     style = config.get("rollout", {}).get("system_prompt", "paper")
     print(f"wrote {out}")
@@ -122,8 +129,8 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # overrides may follow options
     try:
-        if (args.step is not None or args.to) and not args.export:
-            raise ConfigError("--step and --to go with --export RUN_DIR")
+        if (args.step is not None or args.to or args.merged) and not args.export:
+            raise ConfigError("--step, --to and --merged go with --export RUN_DIR")
         if args.init_include and not args.init_from:
             raise ConfigError("--init-include goes with --init-from RUN_DIR[:STEP]")
         if args.export:

@@ -177,6 +177,30 @@ class RunConfig(_Section):
         return trackers
 
 
+class LoraSettings(_Section):
+    """A LoRA policy (PEFT): the base frozen in train.dtype, adapters and their AdamW in fp32."""
+
+    rank: int = Field(gt=0, le=512, description="Adapter rank r.")
+    alpha: float = Field(
+        default=32.0, gt=0, description="Scale numerator: the update is (alpha / rank) B A."
+    )
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="Dropout on the adapter's input (0: none)."
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description="Linear layers that get adapters: all-linear (every linear layer of the "
+        "blocks, not the head) or module names, e.g. [q_proj, v_proj].",
+    )
+    sync: Literal["adapter", "merged"] = Field(
+        default="adapter",
+        description="What a push moves: adapter (the engines serve the base with LoRA enabled "
+        "and load each new adapter version; megabytes), or merged (base + adapter as full "
+        "weights, for engines without LoRA).",
+    )
+    seed: int = Field(default=0, description="Seed of the adapters' initial A matrices.")
+
+
 class TinyModelConfig(_Section):
     """A small Qwen3-architecture model and BPE tokenizer built on the spot (no download)."""
 
@@ -187,6 +211,9 @@ class TinyModelConfig(_Section):
     heads: int = Field(default=4, gt=0, description="Attention heads (head size = width/heads).")
     kv_heads: int = Field(default=2, gt=0, description="Key/value heads (GQA).")
     max_position_embeddings: int = Field(default=4096, gt=0, description="Longest context.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train LoRA adapters instead of the full weights; None: full."
+    )
 
 
 class PretrainedModelConfig(_Section):
@@ -194,6 +221,9 @@ class PretrainedModelConfig(_Section):
 
     kind: Literal["pretrained"] = "pretrained"
     path: str = Field(description="Folder with config.json, weights and tokenizer.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train LoRA adapters instead of the full weights; None: full."
+    )
 
 
 ModelConfig = Annotated[TinyModelConfig | PretrainedModelConfig, Field(discriminator="kind")]
@@ -539,6 +569,30 @@ class TrainerConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_can_be_served(self) -> TrainerConfig:
+        lora = getattr(self.model, "lora", None)
+        if lora is None or lora.sync == "merged":
+            return self
+        if self.remote is not None:
+            raise ValueError(
+                "model.lora.sync adapter: remote rollout services load full weights only; "
+                "set model.lora.sync: merged"
+            )
+        cluster = self.cluster
+        if cluster is not None and cluster.colocate and cluster.sleep_level == 2:
+            raise ValueError(
+                "model.lora.sync adapter with colocated engines: sleep level 2 drops the "
+                "engines' base weights, which an adapter push does not bring back; set "
+                "cluster.sleep_level: 1"
+            )
+        if self.init is not None and "optimizer" in self.init.include:
+            raise ValueError(
+                "a LoRA run's --init-from takes the origin's weights as its base and starts "
+                "fresh adapters: drop optimizer from --init-include"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_fits_the_cluster(self) -> TrainerConfig:
         if self.cluster is None:
             return self
@@ -560,6 +614,9 @@ class TrainerConfig(_Section):
         """Replica `replica`'s engine config: what the recipe left unset is the run's (the
         policy's folder, the context of `context_tokens`, the seed run.seed + replica) or the
         placement's (a cluster's tensor parallelism and sleep mode)."""
+        lora = getattr(self.model, "lora", None)
+        if lora is not None and lora.sync == "adapter":  # serve the base with LoRA enabled
+            placement.setdefault("max_lora_rank", lora.rank)
         return self.engine.fill(
             model=model_dir,
             max_model_len=context_tokens(self),

@@ -1,5 +1,6 @@
 """rstar2-rollout: multi-turn agentic rollouts, inference engines and the scheduler."""
 
+from rstar2_rollout.adapter import Adapter
 from rstar2_rollout.chat import (
     PYTHON_TOOL,
     TOOL_NAME,
@@ -22,6 +23,7 @@ from rstar2_rollout.config import (
     VLLMEngineConfig,
 )
 from rstar2_rollout.engine import (
+    AdapterEngine,
     Engine,
     EngineProgress,
     Generation,
@@ -67,6 +69,8 @@ from rstar2_rollout.weights import InvalidWeights, WeightSpec
 __all__ = [
     "PYTHON_TOOL",
     "TOOL_NAME",
+    "Adapter",
+    "AdapterEngine",
     "ChatFormat",
     "Collected",
     "Engine",

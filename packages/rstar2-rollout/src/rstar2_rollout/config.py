@@ -92,6 +92,14 @@ class VLLMEngineConfig(_EngineConfig):
         description="Visible device indices the engine runs on, one per tensor-parallel rank; "
         "None: the first ones. Cluster placement sets them from Ray's assignment.",
     )
+    max_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        le=512,
+        description="Serve the base model with LoRA enabled, taking adapters up to this rank "
+        "(`load_adapter`; vLLM's buffers are sized for the next of 8, 16, 32, ...); None: no "
+        "LoRA. The trainer sets it for a LoRA policy that syncs adapters.",
+    )
 
     @model_validator(mode="after")
     def _one_device_per_rank(self) -> Self:

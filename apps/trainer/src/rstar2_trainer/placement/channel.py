@@ -28,6 +28,10 @@ Tested on real Ray actors (tests/test_split_sync.py): the channel kept across pu
 killed before a push (dropped at the check, the channel rebuilt for the survivor), and one killed
 after the channel was opened for it (the send fails, the survivor is pushed again). Not covered:
 NCCL (not run on a GPU), replacing a dropped engine.
+
+A LoRA policy that syncs adapters (`TrainGroup.adapter_sync`) uses no channel: every rank
+gathers the adapter in the engines' dtype, rank 0's copy comes to the driver (megabytes) and
+each live engine actor loads it (`weights.push_adapter`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_trainer.placement.engines import EngineError, Engines, is_lost
-from rstar2_trainer.placement.weights import SyncReport
+from rstar2_trainer.placement.weights import SyncReport, push_adapter
 from rstar2_trainer.training.train_workers import TrainGroup
 
 
@@ -84,6 +88,14 @@ class ChannelMover:
         dtypes = await self.engines.each(
             self.engines.alive, lambda e: _inner(e).weight_dtype_name()
         )
+        if self.ranks.adapter_sync:
+            adapter = await self.ranks.adapter(dtypes[0])
+            parts = await self.engines.each(
+                self.engines.alive, lambda e: push_adapter([e], adapter)
+            )
+            report = parts[0] if parts else SyncReport()
+            report.total_s = time.perf_counter() - start
+            return report
         wake_s = await self.engines.wake(["weights"])
         sent, failed = await self._send(dtypes[0])
         if failed is not None and failed[1]:  # an engine died mid-sync: again, the survivors

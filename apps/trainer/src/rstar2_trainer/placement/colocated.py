@@ -127,6 +127,28 @@ class ColocatedWorker(TrainWorker):
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
         return await self.engine.update_weights(named_tensors)
 
+    async def load_adapter(self, adapter: Any) -> float:
+        return await self.engine.load_adapter(adapter)
+
+    async def push_adapter(self) -> dict[str, float]:
+        """The LoRA adapter, cast to the engine's dtype and all-gathered, into this rank's
+        engine (a collective: every rank calls it at once)."""
+        import torch
+
+        from rstar2_trainer.training.lora import as_adapter
+
+        self.events.append("push")
+        self._on_device("push", optimizer=False)
+        start = time.perf_counter()
+        adapter = as_adapter(self.model, getattr(torch, self.engine_dtype), self.model_dir)
+        await self.engine._engine.load_adapter(adapter)  # type: ignore[attr-defined]
+        return {
+            "bytes_moved": float(adapter.nbytes),
+            "buckets": 1.0,
+            "gathered_bytes": float(adapter.nbytes),
+            "seconds": time.perf_counter() - start,
+        }
+
     # -- the training side's part of a colocated step
     def step(self, *args: Any, **kwargs: Any) -> Any:
         self.events.append("train")
@@ -189,6 +211,11 @@ class ColocatedGroup(TrainGroup):
             "gathered_bytes": reports[0]["gathered_bytes"],
             "seconds": max(r["seconds"] for r in reports),
         }
+
+    async def push_adapter(self) -> dict[str, float]:
+        """Every rank's engine loads the LoRA adapter (ranks gather together); the slowest."""
+        reports = await self._on_all("push_adapter")
+        return {**reports[0], "seconds": max(r["seconds"] for r in reports)}
 
     async def events(self) -> list[list[str]]:
         """Each rank's calls since the last look, in order."""

@@ -103,6 +103,12 @@ class EngineActor:
         await self._engine.update_weights(named_tensors)
         return time.perf_counter() - start
 
+    async def load_adapter(self, adapter: Any) -> float:
+        """Make the LoRA adapter (`Adapter`, in the engine's dtype) the engine's; seconds."""
+        start = time.perf_counter()
+        await self._engine.load_adapter(adapter)  # type: ignore[attr-defined]
+        return time.perf_counter() - start
+
     def can_sleep(self) -> bool:
         return isinstance(self._engine, SleepingEngine) and self._engine.can_sleep
 

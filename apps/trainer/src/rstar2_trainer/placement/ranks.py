@@ -65,6 +65,7 @@ async def start_ranks(
     timeout_s: float | None = None,
     actor_class: type = TrainWorker,
     group_class: type[G] = TrainGroup,
+    lora: Any = None,
 ) -> G:
     """Place and set up `world_size` ranks (see the module docstring)."""
     import ray
@@ -102,7 +103,7 @@ async def start_ranks(
         master = await asyncio.wait_for(actors[0].rendezvous.remote(), timeout_s)
         setups = [
             a.setup.remote(
-                master, str(model_dir), config, lr, betas, weight_decay, actor_device_index
+                master, str(model_dir), config, lr, betas, weight_decay, actor_device_index, lora
             )
             for a in actors
         ]
@@ -129,8 +130,9 @@ async def start_train_group(
     `ClusterError` in one line when Ray cannot place them in `cluster.start_timeout_s`."""
     cluster = config.cluster
     assert cluster is not None
+    lora = getattr(config.model, "lora", None)  # a LoRA policy (training/lora.py)
     try:
-        return await start_ranks(
+        group = await start_ranks(
             cluster.train_workers,
             model_dir,
             distributed_config(config),
@@ -143,7 +145,10 @@ async def start_train_group(
             timeout_s=cluster.start_timeout_s,
             actor_class=actor_class,
             group_class=group_class,
+            lora=lora,
         )
+        group.adapter_sync = lora is not None and lora.sync == "adapter"
+        return group
     except TimeoutError:
         raise ClusterError(
             f"{cluster.train_workers} training workers of {cluster.gpus_per_train_worker} GPU "

@@ -104,6 +104,10 @@ class RayEngine:
         self._capacity = await self.actor.kv_capacity.remote()
         return self.last_load_s
 
+    async def load_adapter(self, adapter: Any) -> None:
+        """The actor's engine loads the LoRA adapter (already in its dtype)."""
+        self.last_load_s = await self.actor.load_adapter.remote(adapter)
+
     async def weight_dtype_name(self) -> str:
         """The engine's weight dtype ("bfloat16"); a cheap call, so also a liveness check."""
         return await self.actor.weight_dtype.remote()

@@ -40,7 +40,13 @@ woken in vLLM's RL order: weights, the load, then the KV cache.
 
 Measured on CPU (`bench/weight_sync.py`, `bench/gpu_order.py`); the colocated hand-over is a
 tensor passed inside one process (no CUDA IPC handle: no IPC code exists); not run on a GPU
-with vLLM. Not covered: partial syncs (every tensor is sent), LoRA adapters.
+with vLLM. Not covered: partial syncs (every tensor is sent).
+
+A LoRA policy that syncs adapters (`model.lora.sync: adapter`) pushes an `rstar2_rollout.Adapter`
+instead (the driver's `Policy.weights()`, or the ranks' `TrainGroup.adapter_sync`): every mover
+sends only it, cast to each engine's dtype, and each engine (`AdapterEngine`: vLLM with LoRA
+enabled, transformers through PEFT) makes it its current adapter (`push_adapter`);
+`bytes_moved` is the adapter's size in the engine's dtype, in one bucket.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from rstar2_rollout.adapter import Adapter
 from rstar2_rollout.buckets import DEFAULT_BUCKET_BYTES, iter_buckets
 from rstar2_rollout.engine import Engine, SleepingEngine, StreamingEngine
 from rstar2_trainer.placement.engines import EngineError, Engines
@@ -176,6 +183,49 @@ async def push_weights(
     return report
 
 
+async def adapter_dtype(engine: Any) -> Any:
+    """The dtype `engine` computes its adapters in (an engine actor is asked)."""
+    import torch
+
+    if hasattr(engine, "weight_dtype_name"):  # a Ray engine actor's face
+        return getattr(torch, await engine.weight_dtype_name())
+    dtype = getattr(engine, "adapter_dtype", None)
+    if dtype is None:
+        raise TypeError(
+            f"engine {engine.name} cannot load LoRA adapters; set model.lora.sync: merged"
+        )
+    return dtype
+
+
+def cast_adapter(adapter: Adapter, dtype: Any) -> Adapter:
+    return Adapter([(n, t.to(dtype)) for n, t in adapter.tensors], adapter.config)
+
+
+async def push_adapter(engines: Sequence[Engine], adapter: Adapter) -> SyncReport:
+    """`adapter` into every live engine, in its dtype (waking sleeping ones around it)."""
+    start = time.perf_counter()
+    live = [_inner(e) for e in engines if _alive(e)]
+    asleep = [
+        e
+        for e in live
+        if isinstance(e, SleepingEngine) and e.can_sleep and getattr(e, "sleeping", False)
+    ]
+    await asyncio.gather(*(e.wake_up(["weights"]) for e in asleep))
+    wake_s = time.perf_counter() - start
+    load = time.perf_counter()
+    report = SyncReport()
+    for engine in live:
+        cast = cast_adapter(adapter, await adapter_dtype(engine))
+        await engine.load_adapter(cast)  # type: ignore[attr-defined]
+        report.bytes_moved, report.buckets = cast.nbytes, 1
+    report.load_s = time.perf_counter() - load
+    wake = time.perf_counter()
+    await asyncio.gather(*(e.wake_up(["kv_cache"]) for e in asleep))
+    report.wake_s = wake_s + time.perf_counter() - wake
+    report.total_s = time.perf_counter() - start
+    return report
+
+
 def _tensors(weights: Any) -> list[tuple[str, Any]]:
     if isinstance(weights, TrainGroup):
         raise TypeError("this placement pushes the driver's tensors, not a rank group")
@@ -197,10 +247,15 @@ class TensorMover:
 
     async def push(self, weights: Any) -> SyncReport:
         start = time.perf_counter()
-        items = _tensors(weights)
-        parts = await self.engines.each(
-            self.engines.alive, lambda e: push_weights([e], items, self.bucket_bytes)
-        )
+        if isinstance(weights, Adapter):  # a LoRA policy's adapter
+            parts = await self.engines.each(
+                self.engines.alive, lambda e: push_adapter([e], weights)
+            )
+        else:
+            items = _tensors(weights)
+            parts = await self.engines.each(
+                self.engines.alive, lambda e: push_weights([e], items, self.bucket_bytes)
+            )
         report = SyncReport(total_s=time.perf_counter() - start)
         if parts:
             report.bytes_moved, report.buckets = parts[0].bytes_moved, parts[0].buckets
@@ -223,6 +278,8 @@ class RemoteMover:
         return SyncReport("sleep")
 
     async def push(self, weights: Any) -> SyncReport:
+        if isinstance(weights, Adapter):
+            raise TypeError("rollout services take full weights: set model.lora.sync: merged")
         seconds = await self.services.push_weights(_tensors(weights))
         return SyncReport(total_s=seconds, load_s=seconds)
 
@@ -304,7 +361,11 @@ class ColocatedMover:
             report.state_bytes, report.state_s = moved["bytes"], moved["seconds"]
         report.wake_s = await self._on_engines(self.engines.wake(["weights"]))
         if len(self.engines):
-            push = self.ranks.push(self.bucket_bytes)  # type: ignore[attr-defined]
+            push = (
+                self.ranks.push_adapter()  # type: ignore[attr-defined]
+                if self.ranks.adapter_sync
+                else self.ranks.push(self.bucket_bytes)  # type: ignore[attr-defined]
+            )
             pushed = await self._on_ranks("push", push)
             report.bytes_moved, report.buckets = int(pushed["bytes_moved"]), int(pushed["buckets"])
             report.gathered_bytes = int(pushed["gathered_bytes"])

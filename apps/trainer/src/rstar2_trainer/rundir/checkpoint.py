@@ -249,6 +249,19 @@ def save_policy(model: Any, tokenizer: Any, out: Path, *, system_prompt: str, st
     return _finish_policy(tmp, tokenizer, out, system_prompt=system_prompt, step=step)
 
 
+def save_adapter_policy(
+    adapter: Any, tokenizer: Any, out: Path, *, system_prompt: str, step: int
+) -> Path:
+    """A LoRA policy as a PEFT adapter folder (`adapter_config.json`, whose
+    `base_model_name_or_path` names the base, and `adapter_model.safetensors`), with the
+    tokenizer and `rstar2.json`, written atomically as `save_policy` writes a model."""
+    from rstar2_rollout.adapter import write_adapter
+
+    tmp = _policy_tmp(out)
+    write_adapter(adapter, tmp)
+    return _finish_policy(tmp, tokenizer, out, system_prompt=system_prompt, step=step)
+
+
 async def write_policy(
     write_weights: Callable[[Path], Awaitable[None]],
     model_dir: Path,

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -40,6 +41,9 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from rstar2_trainer.rundir.checkpoint import commit, point_latest, prune
 from rstar2_trainer.rundir.manifest import FORMAT, CheckpointError, os_error, write_manifest
+
+# Frozen parameters (a LoRA policy's base) are the model folder's: a checkpoint holds what trains.
+_TRAINED = StateDictOptions(ignore_frozen_params=True)
 
 
 def _rank() -> int:
@@ -77,9 +81,9 @@ def save_sharded(
         tmp.mkdir()
     _barrier()
     if optimizer is None:
-        content: dict[str, Any] = {"model": get_model_state_dict(model)}
+        content: dict[str, Any] = {"model": get_model_state_dict(model, options=_TRAINED)}
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_TRAINED)
         content = {"model": model_sd, "optimizer": optim_sd}
     try:
         _dcp(dcp_save, content, tmp)
@@ -135,11 +139,11 @@ def load_sharded(
     if not (path / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a sharded checkpoint (no .metadata)")
     if optimizer is None:
-        content: dict[str, Any] = {"model": get_model_state_dict(model)}
+        content: dict[str, Any] = {"model": get_model_state_dict(model, options=_TRAINED)}
         _dcp(dcp_load, content, path)
-        set_model_state_dict(model, content["model"])
+        set_model_state_dict(model, content["model"], options=_TRAINED)
     else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_TRAINED)
         content = {"model": model_sd, "optimizer": optim_sd}
         _dcp(dcp_load, content, path)
         set_state_dict(
@@ -147,6 +151,7 @@ def load_sharded(
             optimizer,
             model_state_dict=content["model"],
             optim_state_dict=content["optimizer"],
+            options=_TRAINED,
         )
     state = json.loads((path / "state.json").read_text())
     state.pop("format", None)  # the manifest's promise, not the caller's state

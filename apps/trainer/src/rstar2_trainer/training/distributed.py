@@ -181,7 +181,8 @@ def shard_model(model: torch.nn.Module, config: DistributedConfig, world: World)
     policy = MixedPrecisionPolicy(
         param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[config.reduce_dtype]
     )
-    model.float()  # fp32 master weights; the policy casts a gathered copy for compute
+    for p in model.parameters():  # fp32 master weights; a frozen base (LoRA) keeps its dtype
+        p.data = p.data.float() if p.requires_grad else p.data
     config_hf = getattr(model, "config", None)
     if config_hf is not None and hasattr(config_hf, "use_cache"):
         # Training never reads a KV cache, and a recomputed block would append to it twice.

@@ -62,6 +62,19 @@ device's offloads take (sleeping engine weights at level 1; nothing of them at l
 drops them and keeps only vLLM's small runtime and CUDA-graph pools; or the offloaded training
 state).
 
+LoRA (`Setup.lora_rank` > 0; A = the adapters' parameters on every linear layer of the blocks,
+`ModelShape.adapter_params`): the base is frozen in the compute dtype, so `master` is c x P / W
+plus the fp32 adapters (4 A / W), and `grads`, `adam` and `optimizer_step` count A only (4, 8,
+4 bytes); `block_params` gathers the base in c bytes and holds the adapters' gradients only; the
+frozen head has no gradient (no `head_grad`, no fp32 accumulator in `loss`); each block keeps,
+a token, its adapters' r-wide intermediates (c x r x 7), in `activations` without checkpointing
+and in `recompute` with it. The engine adds `lora_buffers`: vLLM's stacked adapter buffers
+(`rstar2_rollout.engines.startup.lora_buffer_bytes`: two adapters at the rank vLLM rounds up to,
+every linear layer, 2 bytes a parameter; read from vLLM 0.32's `lora/layers/base_linear.py`),
+counted in its start-up need too. With the training state kept on the device it is c x P + 16 A
+over W; offloaded, the host holds that. Colocated LoRA sleeps at level 1 (the engine's base is
+never pushed again), so the host also holds the engine's weights while the ranks train.
+
 Engine start (`engine_start`, `check_engine_start`): vLLM's worker refuses to start when the
 device's free memory is below ceil(share x total) (`rstar2_rollout.engines.startup`, read from
 vLLM 0.32's `request_memory`). The share is `gpu_memory_utilization` or, None, the engine's need
@@ -85,7 +98,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_rollout.engines.startup import (
     ENGINE_RESERVE_BYTES,
+    LORA_SLOTS,
     VLLM_DEFAULT_SHARE,
+    lora_slot_rank,
     need_bytes,
     requested_bytes,
     start_share,
@@ -122,6 +137,16 @@ class ModelShape(BaseModel):
     @property
     def params(self) -> int:
         return self.layers * self.block_params + self.root_params
+
+    def _linears(self) -> list[tuple[int, int]]:
+        """(in, out) of a block's linear layers: q, k, v, o, gate, up, down."""
+        h, i = self.hidden, self.intermediate
+        q, k = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return [(h, q), (h, k), (h, k), (q, h), (h, i), (h, i), (i, h)]
+
+    def adapter_params(self, rank: int) -> int:
+        """LoRA parameters of one block at `rank` on every linear layer (A: r x in, B: out x r)."""
+        return sum(rank * (n_in + n_out) for n_in, n_out in self._linears())
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -168,6 +193,8 @@ class Setup(BaseModel):
     overhead_bytes: int = Field(
         default=8 * GIB, ge=0, description="CUDA context, NCCL, the caching allocator's slack."
     )
+    lora_rank: int = Field(default=0, ge=0, description="LoRA rank; 0: full weights train.")
+    engine_lora: bool = Field(default=True, description="The engine serves LoRA (adapter sync).")
 
     @property
     def rows(self) -> int:
@@ -177,6 +204,32 @@ class Setup(BaseModel):
     @property
     def offloading(self) -> bool:
         return self.placement == "colocated" if self.offload is None else self.offload
+
+    @property
+    def adapter(self) -> int:
+        """A: the LoRA parameters (0 when full weights train)."""
+        return self.model.layers * self.model.adapter_params(self.lora_rank)
+
+    @property
+    def trained(self) -> int:
+        """The parameters that train (and have gradients and AdamW state)."""
+        return self.adapter if self.lora_rank else self.model.params
+
+    @property
+    def state_bytes(self) -> int:
+        """A device's training state over W: fp32 master, gradients and AdamW of what trains,
+        plus a LoRA policy's frozen base in the compute dtype."""
+        base = self.compute_bytes * self.model.params if self.lora_rank else 0
+        return math.ceil((base + 16 * self.trained) / self.world_size)
+
+    @property
+    def lora_buffers(self) -> int:
+        """vLLM's LoRA buffers on one device (module docstring); 0 without LoRA."""
+        if not self.lora_rank or not self.engine_lora:
+            return 0
+        slot = lora_slot_rank(self.lora_rank)
+        per_layer = self.model.adapter_params(slot) * LORA_SLOTS * 2
+        return math.ceil(self.model.layers * per_layer / self.engine_tp)
 
 
 class Breakdown(BaseModel):
@@ -228,30 +281,31 @@ MOMENTS: dict[str, tuple[str, ...]] = {
 
 def training_terms(s: Setup) -> dict[str, int]:
     m, c, w = s.model, s.compute_bytes, s.world_size
-    p = m.params
+    p, trained, lora = m.params, s.trained, s.lora_rank > 0
     tokens = s.rows * s.row_tokens  # M
     scored = s.rows * s.response_tokens  # N
-    layer = _layer_activation_bytes(m, c, s.padded)
+    layer = _layer_activation_bytes(m, c, s.padded) + c * s.lora_rank * 7  # adapters' r-wide
     if s.checkpointing:
         acts, recompute = m.layers * tokens * c * m.hidden, tokens * layer
     else:
         acts, recompute = m.layers * tokens * layer, 0
     chunk = min(s.loss_chunk_tokens, scored)
     head = m.vocab * m.hidden
+    block_trained = m.adapter_params(s.lora_rank) if lora else m.block_params
     return {
-        "master": math.ceil(4 * p / w),
-        "grads": math.ceil(4 * p / w),
-        "adam": math.ceil(8 * p / w),
+        "master": math.ceil(((c * p if lora else 0) + 4 * trained) / w),
+        "grads": math.ceil(4 * trained / w),
+        "adam": math.ceil(8 * trained / w),
         "root_params": c * m.root_params,
-        "block_params": 2 * c * m.block_params + (c + 4) * m.block_params,
+        "block_params": 2 * c * m.block_params + (c + 4) * block_trained,
         "activations": acts,
         "attention_mask": s.rows * s.row_tokens**2 if s.padded else 0,
         "final_norm": tokens * (4 + 2 * c) * m.hidden,
-        "loss": scored * (c * m.hidden + 24) + 12 * chunk * m.vocab + (4 + c) * head,
+        "loss": scored * (c * m.hidden + 24) + 12 * chunk * m.vocab + (0 if lora else 4 + c) * head,
         "recompute": recompute,
         "block_backward": tokens * c * (3 * m.intermediate + 2 * m.hidden),
-        "head_grad": c * head,
-        "optimizer_step": math.ceil(4 * p / w),
+        "head_grad": 0 if lora else c * head,
+        "optimizer_step": math.ceil(4 * trained / w),
         "overhead": s.overhead_bytes,
     }
 
@@ -271,9 +325,10 @@ def rollout_terms(s: Setup, device_bytes: int | None = None) -> dict[str, int]:
         kv = max(0, int(share * device_bytes) - weights - s.engine_reserve_bytes)
     else:
         raise ValueError("a KV budget needs kv_bytes or the device's memory")
-    kept = 0 if s.offloading else math.ceil(16 * m.params / s.world_size)
+    kept = 0 if s.offloading else s.state_bytes
     return {
         "engine_weights": weights,
+        "lora_buffers": s.lora_buffers,
         "kv_cache": kv,
         "engine_reserve": s.engine_reserve_bytes,
         "training_state": kept,
@@ -292,9 +347,9 @@ def peak_bytes(s: Setup, device_bytes: int | None = None) -> Breakdown:
     t, r = moments[moment] + train["overhead"], sum(roll.values())
     host = 0
     if s.placement == "colocated":
-        asleep = roll["engine_weights"] if s.sleep_level == 1 else 0  # while the ranks train
-        offloaded = 16 * s.model.params // s.world_size if s.offloading else 0  # while rolling out
-        host = max(asleep, offloaded)
+        asleep = roll["engine_weights"] + roll["lora_buffers"] if s.sleep_level == 1 else 0
+        offloaded = s.state_bytes if s.offloading else 0  # while rolling out
+        host = max(asleep, offloaded)  # the engine's while the ranks train, or the state's
     return Breakdown(
         training_terms=train,
         rollout_terms=roll,
@@ -343,14 +398,16 @@ def engine_start(s: Setup, device_bytes: int) -> EngineStart:
     m = s.model
     resident = 0
     if s.placement == "colocated" and not s.offloading:
-        resident = math.ceil(4 * m.params / s.world_size)  # fp32 master shards, nothing else yet
+        base = s.compute_bytes * m.params if s.lora_rank else 0  # a LoRA base in c bytes
+        resident = math.ceil((base + 4 * s.trained) / s.world_size)  # fp32 masters, no state yet
     free = device_bytes - s.overhead_bytes - resident
     if s.gpu_memory_utilization is not None:
         share = s.gpu_memory_utilization
     elif s.kv_bytes is None:
         share = VLLM_DEFAULT_SHARE  # the engine sizes its KV cache from vLLM's default
     else:
-        need = need_bytes(2 * m.params, s.kv_bytes, s.engine_tp, s.engine_reserve_bytes)
+        weights = 2 * m.params + s.lora_buffers * s.engine_tp  # need_bytes divides by TP
+        need = need_bytes(weights, s.kv_bytes, s.engine_tp, s.engine_reserve_bytes)
         share = start_share(need, device_bytes)
     return EngineStart(free=free, requested=requested_bytes(device_bytes, share), resident=resident)
 
@@ -384,6 +441,7 @@ def setup_from_config(
     colocate = bool(getattr(cluster, "colocate", False))
     workers = int(getattr(cluster, "train_workers", 0) or 0)
     engine = config.engine
+    lora = getattr(config.model, "lora", None)
     kv = getattr(engine, "kv_cache_memory_bytes", None)
     overhead = float(getattr(cluster, "memory_overhead_gib", 8.0))
     return Setup(
@@ -401,4 +459,6 @@ def setup_from_config(
         kv_bytes=int(kv) if kv is not None else None,
         gpu_memory_utilization=getattr(engine, "gpu_memory_utilization", None),
         overhead_bytes=int(overhead * GIB),
+        lora_rank=lora.rank if lora is not None else 0,
+        engine_lora=lora is not None and lora.sync == "adapter",
     )

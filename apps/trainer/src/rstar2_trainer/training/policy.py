@@ -25,6 +25,14 @@ mover (placement/weights.py) sleeps the engines, moves the training state and pu
 method below that runs collectives on ranks expects the mover to have put the state on the
 devices first (the loop calls `mover.sleep()` before it).
 
+A LoRA policy (`model.lora`, training/lora.py) is the same policy over a PEFT model: the base
+frozen in the training dtype, the adapters and their AdamW in fp32. `weights()` is then the
+adapter (an `rstar2_rollout.Adapter`, `model.lora.sync: adapter`) or the merged weights
+(`merged`); checkpoints hold the adapters and their optimizer state (the base is the model
+folder); the policy folder is a PEFT adapter folder (`save_adapter_policy`). `load_weights`
+(`--init-from`) leaves a LoRA policy alone: the origin's weights are its base folder already
+(rundir/origin.py), and its adapters start afresh.
+
 An update is PPO-style: the kept batch is cut into `optim.mini_batches` contiguous mini-batches
 and passed over `optim.epochs` times, one optimizer step per mini-batch. With more than one step
 the "old" logprobs are computed once before the first step with the policy that rolled out (the
@@ -56,8 +64,14 @@ import torch
 
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
-from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint, save_policy
+from rstar2_trainer.rundir.checkpoint import (
+    Checkpoint,
+    save_adapter_policy,
+    save_checkpoint,
+    save_policy,
+)
 from rstar2_trainer.sft import Example, OnStep, SFTResult, driver_sft_step, sft_loop
+from rstar2_trainer.training import lora
 from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, with_values
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import (
@@ -106,6 +120,8 @@ class DriverPolicy:
         off_loop: bool = False,
     ) -> None:
         self.model = model
+        self.lora = getattr(config.model, "lora", None)  # LoRA settings; None: full weights
+        self.model_dir: Path | None = None  # the base folder a LoRA adapter names
         self.off_loop = off_loop  # update on a worker thread, the event loop free meanwhile
         self.config = config
         self.precision = precision
@@ -169,19 +185,25 @@ class DriverPolicy:
         return with_values(rows, "old_logp", logps)
 
     def weights(self) -> Any:
-        """The fp32 master weights as `(name, tensor)` pairs, read when a push iterates them."""
-        return self.model.state_dict().items()
+        """The fp32 master weights as `(name, tensor)` pairs, read when a push iterates them;
+        a LoRA policy's adapter (`Adapter`, fp32) or its merged weights."""
+        if self.lora is None:
+            return self.model.state_dict().items()
+        if self.lora.sync == "merged":
+            return lora.merged_tensors(self.model, torch.float32)
+        return lora.as_adapter(self.model, torch.float32, self.model_dir)
 
     async def load_weights(self, checkpoint: Path) -> None:
         from rstar2_trainer.rundir.export import load_weights
 
-        load_weights(checkpoint, self.model)
+        if self.lora is None:  # a LoRA policy's base is the origin's weights (module docstring)
+            load_weights(checkpoint, self.model)
 
     async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None:
         save_checkpoint(
             checkpoints,
             step,
-            model=self.model,
+            model=self.model if self.lora is None else lora.TrainableState(self.model),  # type: ignore[arg-type]
             optimizer=self.optimizer,
             state=state,
             keep=self.config.run.keep_checkpoints,
@@ -193,7 +215,10 @@ class DriverPolicy:
                 f"{checkpoint.path} holds no model.pt: it was written with training workers; "
                 "resume with the run's cluster.train_workers"
             )
-        self.model.load_state_dict(checkpoint.model)
+        if self.lora is None:
+            self.model.load_state_dict(checkpoint.model)
+        else:
+            lora.load_trainable_state(self.model, checkpoint.model)
         if checkpoint.optimizer is not None:
             self.optimizer.load_state_dict(checkpoint.optimizer)
 
@@ -205,7 +230,8 @@ class DriverPolicy:
     ) -> SFTResult:
         """SFT of the driver's model (`sft.sft_loop` through `train_step`), with an optimizer of
         its own (the RL one is untouched)."""
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.lr, weight_decay=0.0)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=0.0)
         step = driver_sft_step(
             self.model, optimizer, sft.micro_batch_tokens, self.precision, pad_id=self.pad_id
         )
@@ -223,6 +249,11 @@ class DriverPolicy:
         return result
 
     async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
+        if self.lora is not None:  # the adapter folder; its base is the model folder
+            adapter = lora.as_adapter(self.model, torch.float32, self.model_dir)
+            return save_adapter_policy(
+                adapter, tokenizer, out, system_prompt=system_prompt, step=step
+            )
         return save_policy(self.model, tokenizer, out, system_prompt=system_prompt, step=step)
 
 
@@ -247,6 +278,13 @@ async def open_policy(
             return
         if model is None:
             raise ValueError("the driver trains (cluster.train_workers 0) but loaded no model")
+        settings = getattr(config.model, "lora", None)
+        if settings is not None:  # the base frozen in the training dtype, fp32 adapters
+            model = lora.apply_lora(
+                model, settings, base_dtype=precision.dtype, base_path=model_dir
+            )
         model.to(precision.device)  # fp32 master weights, on the training device
         off_loop = config.async_.max_staleness > 0  # the pool generates while the driver trains
-        yield DriverPolicy(model, config, precision, pad_id=pad_id, off_loop=off_loop)
+        policy = DriverPolicy(model, config, precision, pad_id=pad_id, off_loop=off_loop)
+        policy.model_dir = model_dir
+        yield policy

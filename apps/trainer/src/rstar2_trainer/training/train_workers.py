@@ -25,6 +25,10 @@ or one in this process, `TrainGroup.in_process`) and hands the loop a `TrainGrou
   group is built at the first sync after `open_channel` and kept for the next ones; a failed
   send (an engine died mid-sync, the group timed out) closes it and is reported, never raised,
   after rank 0 has drained its gathers so the other ranks are not left waiting.
+- LoRA (`setup(..., lora=settings)`): the rank loads a LoRA policy
+  (`lora.load_sharded_lora_model`: the base frozen in the compute dtype, fp32 adapters);
+  `adapter(dtype)` gathers the adapter (collective; rank 0 returns the `Adapter`), and
+  `TrainGroup.adapter_sync` tells the movers to push it instead of the weights.
 - `load_weights(path)` puts a checkpoint's weights into every rank's shards (a workers' DCP
   folder, or a driver's `model.pt` read by rank 0 and broadcast); `export(out)` writes the full
   weights as safetensors, gathered parameter by parameter onto rank 0 and written bucket by
@@ -76,6 +80,8 @@ class TrainWorker:
         self.world: Any = None
         self.residency: Any = None
         self.optim_args: dict[str, Any] = {}
+        self.lora: Any = None  # LoRA settings (model.lora); None: full weights
+        self.model_dir = ""
         self._sender: Any = None  # rank 0's weight channel, kept from sync to sync
         self._connected = False
 
@@ -97,6 +103,7 @@ class TrainWorker:
         betas: tuple,
         weight_decay: float = 0.0,
         device_index: Callable[[], int] | None = None,
+        lora: Any = None,
     ) -> str:
         """Join the world (`master` None: a world of one here), load and shard the model, make
         the optimizer (collective). `device_index()` (run here) is LOCAL_RANK, the device among
@@ -113,7 +120,13 @@ class TrainWorker:
                 MASTER_PORT=port,
             )
         self.world = init_distributed(config)
-        self.model = load_sharded_model(model_dir, config, self.world)
+        self.lora, self.model_dir = lora, model_dir
+        if lora is not None:  # the base frozen in the compute dtype, fp32 adapters
+            from rstar2_trainer.training.lora import load_sharded_lora_model
+
+            self.model = load_sharded_lora_model(model_dir, config, self.world, lora)
+        else:
+            self.model = load_sharded_model(model_dir, config, self.world)
         self.residency = Residency(self.world.device)
         self.optim_args = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
         self.reset_optimizer()
@@ -124,7 +137,8 @@ class TrainWorker:
         import torch
 
         args = {**self.optim_args, **(overrides or {})}
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), **args)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
+        self.optimizer = torch.optim.AdamW(trainable, **args)
         self.residency.forget("optimizer")  # a fresh one holds no state yet
 
     def _on_device(self, op: str, *, optimizer: bool = True) -> None:
@@ -239,6 +253,17 @@ class TrainWorker:
         report["seconds"] = time.perf_counter() - start
         return report
 
+    def adapter(self, dtype: str) -> Any:
+        """The LoRA adapter, every tensor cast to `dtype` and gathered (collective); rank 0's
+        `Adapter`, None on the others."""
+        import torch
+
+        from rstar2_trainer.training.lora import as_adapter
+
+        self._on_device("adapter", optimizer=False)
+        adapter = as_adapter(self.model, getattr(torch, dtype), self.model_dir)
+        return adapter if self.rank == 0 else None
+
     def close_channel(self) -> None:
         sender, self._sender, self._connected = self._sender, None, False
         if sender is not None:
@@ -310,6 +335,7 @@ class TrainGroup:
         self.actors = actors
         self.labels = list(labels or (f"rank {r}" for r in range(len(actors))))
         self.placement_group: Any = None  # released by close()
+        self.adapter_sync = False  # a LoRA policy whose pushes move the adapter
         self._local: TrainWorker | None = None
 
     @classmethod
@@ -440,6 +466,10 @@ class TrainGroup:
 
     async def close_channel(self) -> None:
         await self._call(0, "close_channel")
+
+    async def adapter(self, dtype: str) -> Any:
+        """The LoRA adapter in `dtype`, gathered on the ranks; rank 0's `Adapter`."""
+        return (await self._on_all("adapter", [(dtype,)] * len(self.actors)))[0]
 
     async def close(self) -> None:
         """Close every rank (a rank stuck in a collective is given `CLOSE_TIMEOUT_S`), then

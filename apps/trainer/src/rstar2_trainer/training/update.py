@@ -117,9 +117,8 @@ def behaviour_logprobs(t: Trajectory) -> list[float] | None:
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: float):
-    return torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
-    )
+    trainable = [p for p in model.parameters() if p.requires_grad]  # a LoRA base is frozen
+    return torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
 
 
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:

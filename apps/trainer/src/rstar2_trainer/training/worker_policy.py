@@ -32,6 +32,11 @@ and the policy update of every RL step runs on them instead of in the driver:
 The driver holds no model: the ranks load the model folder (meta-device init, shard by shard),
 the engines load it themselves, and nothing travels until the first push.
 
+A LoRA policy (`model.lora`) lives on the ranks the same way (`lora.load_sharded_lora_model`);
+its checkpoints hold the adapters and their optimizer state (the sharded checkpoint skips frozen
+parameters), `export` writes the PEFT adapter folder from rank 0's gathered adapter, and
+`load_weights` leaves it alone (its base is the origin's weights already, rundir/origin.py).
+
 Not covered: a batch with fewer kept trajectories than ranks (an error that says what to
 change).
 """
@@ -47,7 +52,12 @@ import torch
 
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
-from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint, write_policy
+from rstar2_trainer.rundir.checkpoint import (
+    Checkpoint,
+    save_adapter_policy,
+    save_checkpoint,
+    write_policy,
+)
 from rstar2_trainer.sft import MAX_GRAD_NORM, Example, OnStep, SFTResult, sft_loop, sft_loss
 from rstar2_trainer.training.distributed import (
     DistributedConfig,
@@ -160,6 +170,8 @@ class WorkerPolicy:
         """Checkpoint folder `checkpoint`'s weights into the ranks, read there: the workers'
         shards of that step, or the driver's `model.pt`. The caller put the state on the devices
         first (the mover's `sleep`: colocated ranks offload it before their engines start)."""
+        if getattr(self.config.model, "lora", None) is not None:
+            return  # the base folder holds the origin's weights; fresh adapters
         shards = checkpoint.parent / WORKERS_DIR / checkpoint.name
         if (shards / ".metadata").is_file():
             await self.group.load_weights(shards)
@@ -196,7 +208,12 @@ class WorkerPolicy:
 
     async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
         """The policy folder, its weights written by rank 0 (`TrainGroup.export`), its config
-        copied from the model folder."""
+        copied from the model folder; a LoRA policy's adapter folder (rank 0's gathered adapter)."""
+        if getattr(self.config.model, "lora", None) is not None:
+            adapter = await self.group.adapter("float32")
+            return save_adapter_policy(
+                adapter, tokenizer, out, system_prompt=system_prompt, step=step
+            )
         return await write_policy(
             lambda tmp: self.group.export(tmp),
             self.model_dir,

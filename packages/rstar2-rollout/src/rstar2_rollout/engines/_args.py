@@ -20,6 +20,7 @@ from typing import Any
 
 from rstar2_rollout.config import VLLMEngineConfig
 from rstar2_rollout.engines import startup
+from rstar2_rollout.engines.startup import LORA_SLOTS, lora_slot_rank
 
 
 @contextmanager
@@ -77,7 +78,38 @@ def engine_args(config: VLLMEngineConfig, *, on_cpu: bool, share: float | None) 
         enable_chunked_prefill=chunked_prefill(config),
         logprobs_mode="processed_logprobs",  # tempered: what the trainer scores
         disable_log_stats=True,
+        **lora_args(config),
         **placed,
+    )
+
+
+def lora_args(config: VLLMEngineConfig) -> dict[str, Any]:
+    """vLLM's LoRA arguments for `max_lora_rank` (none when it is None): the rank rounded up to
+    a size vLLM compiles for, two adapters at once (the version running requests started with
+    and the new one) and room for more in host memory (`engines/_lora.py`)."""
+    if config.max_lora_rank is None:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": lora_slot_rank(config.max_lora_rank),
+        "max_loras": LORA_SLOTS,
+        "max_cpu_loras": LORA_SLOTS + 2,
+    }
+
+
+def lora_bytes(config: VLLMEngineConfig) -> int:
+    """The device bytes of the engine's LoRA buffers (`startup.lora_buffer_bytes`); 0 without
+    LoRA or without a readable config.json."""
+    import json
+    from pathlib import Path
+
+    path = Path(str(config.model)) / "config.json"
+    if config.max_lora_rank is None or not path.is_file():
+        return 0
+    size = 4 if config.dtype == "float32" else 2
+    hf = json.loads(path.read_text())
+    return startup.lora_buffer_bytes(
+        hf, config.max_lora_rank, size, tensor_parallel_size=config.tensor_parallel_size
     )
 
 
@@ -91,6 +123,7 @@ def start_share(config: VLLMEngineConfig, platform: Any) -> float | None:
     weights = startup.weight_bytes(str(config.model), config.dtype)
     if weights is None:
         return None
+    weights += lora_bytes(config)
     device = config.device_ids[0] if config.device_ids else 0
     total = int(platform.get_device_total_memory(device))
     need = startup.need_bytes(weights, config.kv_cache_memory_bytes, config.tensor_parallel_size)

@@ -14,6 +14,9 @@ i.e. log_softmax(logits / temperature) with top_p 1, renormalised over the nucle
 as vLLM's are, and the raw logits' own at temperature 0. This is what the trainer scores when
 top_p is 1.
 `weights_version` counts the weight updates loaded (each `Generation` carries the one it ran on).
+LoRA (the `AdapterEngine` capability): `load_adapter` wraps the model with PEFT the first time
+(the adapter's own config) and loads each version's tensors into it (PEFT's
+`set_peft_model_state_dict`); any rank, in the model's dtype, under the same lock as requests.
 A request's `seed` seeds torch's global generator under the lock, so seeded sampling is
 reproducible. Needs the `hf` extra (torch, transformers).
 Not covered: batching concurrent requests together; top_k (`SamplingParams` has none).
@@ -29,6 +32,7 @@ from typing import Any
 from rstar2_rollout.config import HFEngineConfig
 from rstar2_rollout.engine import Generation, KVCapacity, SamplingParams
 
+MAX_LORA_RANK = 512  # PEFT takes any rank; the largest vLLM takes, so both engines agree
 _EXTRA_HINT = 'the transformers engine needs the hf extra: pip install "rstar2-rollout[hf]"'
 
 
@@ -129,6 +133,36 @@ class HFEngine:
                     state[name].copy_(tensor)
             finally:
                 self.weights_version += 1  # a failed update changed weights too
+
+    @property
+    def adapter_dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_lora_rank(self) -> int | None:
+        return MAX_LORA_RANK
+
+    async def load_adapter(self, adapter: Any) -> None:
+        """The LoRA adapter (`adapter.Adapter`) into the model through PEFT (module docstring)."""
+        await asyncio.to_thread(self._load_adapter, adapter)
+
+    def _load_adapter(self, adapter: Any) -> None:
+        import torch
+        from peft import PeftConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+
+        with self._lock, torch.no_grad():
+            try:
+                if not isinstance(self.model, PeftModel):
+                    settings = {k: v for k, v in adapter.config.items() if k != "peft_version"}
+                    config = PeftConfig.from_peft_type(**settings)
+                    self.model = get_peft_model(self.model, config).eval()  # type: ignore[arg-type]
+                dtype = self.adapter_dtype
+                state = {n: t.to(self.model.device, dtype) for n, t in adapter.tensors}
+                result = set_peft_model_state_dict(self.model, state)
+                if getattr(result, "unexpected_keys", None):
+                    raise KeyError(f"{self.name}: the adapter names {result.unexpected_keys[:3]}")
+            finally:
+                self.weights_version += 1  # a failed load changed weights too
 
     async def close(self) -> None:
         self._closed = True

@@ -22,6 +22,14 @@ Contract
   own need (at most 0.1 % of the device more) and no more.
 - `weight_bytes(folder, dtype)`: the model's weights in `dtype`, counted from its safetensors
   headers (no tensor is read); None where the folder has none (a hub id).
+- LoRA (`max_lora_rank` set): `lora_slot_rank(rank)` is the rank vLLM sizes its buffers for (the
+  next of 1, 8, 16, 32, ...), `lora_buffer_bytes(config_json, rank, dtype_bytes)` what those
+  buffers take on the device: read from vLLM 0.32's `lora/layers/base_linear.py`
+  (`create_lora_weights`: per wrapped linear layer and slice, `max_loras` x [rank, in] for A and
+  `max_loras` x [out, rank] for B, in the LoRA dtype, the model's), every linear layer of every
+  block wrapped (q, k, v, o, gate, up, down; no `target_modules` is passed), `LORA_SLOTS`
+  adapters at once. The punica kernels' per-step buffers ([tokens, rank] a slice) fall in the
+  reserve; adapters kept in host memory (`max_cpu_loras`) are host RAM.
 
 Not covered: quantised weights, speculative decoding's draft model, multimodal encoders.
 """
@@ -34,6 +42,8 @@ import struct
 from pathlib import Path
 
 GIB = 1 << 30
+LORA_SLOTS = 2  # adapters on the device at once: the version running requests use, and the new one
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py, MaxLoRARanks
 ENGINE_RESERVE_BYTES = 2 * GIB  # activations, CUDA graphs, sampler buffers (modelled)
 VLLM_DEFAULT_SHARE = 0.92  # vllm/config/cache.py, CacheConfig.gpu_memory_utilization
 
@@ -95,3 +105,35 @@ def weight_bytes(folder: str | Path, dtype: str = "auto") -> int | None:
             size = _DTYPE_BYTES.get(dtype) or _SAFETENSORS_BYTES[entry["dtype"]]
             total += count * size
     return total
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The rank vLLM sizes its LoRA buffers for: the smallest of `VLLM_LORA_RANKS` >= `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest, {VLLM_LORA_RANKS[-1]}")
+
+
+def lora_buffer_bytes(
+    config_json: dict,
+    rank: int,
+    dtype_bytes: int = 2,
+    slots: int = LORA_SLOTS,
+    tensor_parallel_size: int = 1,
+) -> int:
+    """The device bytes of vLLM's LoRA buffers for a decoder's `config.json` (module docstring);
+    the shards of tensor parallelism taken as an even split (not exact for A of column-parallel
+    layers, which vLLM keeps whole)."""
+    h = int(config_json["hidden_size"])
+    heads = int(config_json["num_attention_heads"])
+    head_dim = int(config_json.get("head_dim") or h // heads)
+    q = heads * head_dim
+    k = int(config_json.get("num_key_value_heads") or heads) * head_dim
+    i = int(config_json["intermediate_size"])
+    # (in, out) of every slice: q, k, v, o, gate, up, down
+    slices = [(h, q), (h, k), (h, k), (q, h), (h, i), (h, i), (i, h)]
+    r = lora_slot_rank(rank)
+    per_layer = sum(r * (n_in + n_out) for n_in, n_out in slices)
+    total = int(config_json["num_hidden_layers"]) * per_layer * slots * dtype_bytes
+    return math.ceil(total / tensor_parallel_size)

@@ -37,6 +37,9 @@ and reload weights from live tensors without serialising them.
   whether or not the push also names `lm_head.weight` (`_update._refresh_tied_head`; on CPU the
   head's GEMM keeps a handle of its weight, on GPUs it reads the weight itself). A failed bucket
   ends the session (finalised) and raises: the engine then holds a mix of weights.
+- LoRA (`max_lora_rank` set; the `AdapterEngine` capability, `_lora.py`): the base served with
+  LoRA enabled; `load_adapter` makes a new adapter version current between two steps, without a
+  reload or a drain, and each request reports the version it started with.
 - Logprobs are vLLM's "processed_logprobs" (`logprobs_mode`): the log-softmax of the logits the
   token was sampled from, after temperature (and top-p, which renormalises over the nucleus),
   so at temperature T they are what the trainer scores, log_softmax(logits / T). At temperature
@@ -103,6 +106,7 @@ from rstar2_rollout.engines._args import (  # re-exported: how the engine is bui
     refusal,
     start_share,
 )
+from rstar2_rollout.engines._lora import AdapterUpdates  # LoRA adapters (max_lora_rank)
 from rstar2_rollout.engines._update import (  # re-exported: the update session lives there
     StreamingUpdates,
     _reload_begin,
@@ -159,7 +163,7 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-class VLLMEngine(StreamingUpdates):
+class VLLMEngine(StreamingUpdates, AdapterUpdates):
     """One vLLM engine replica in this process."""
 
     def __init__(self, config: VLLMEngineConfig, name: str = "vllm-0") -> None:
@@ -224,6 +228,7 @@ class VLLMEngine(StreamingUpdates):
         self._stopped = False  # the engine thread has exited
         self._closed = False
         self._torch_threads = threads  # set again on the engine thread (`_run`)
+        self._init_adapters()
         self._thread = threading.Thread(target=self._run, name=f"{name}-steps", daemon=True)
         self._thread.start()
 
@@ -316,6 +321,7 @@ class VLLMEngine(StreamingUpdates):
         self._inbox.put(("stop", None))
         await asyncio.to_thread(self._thread.join)
         self._engine.engine_core.shutdown()
+        self._close_adapters()
 
     async def _call(self, fn: Callable[[], Any], *, drain: bool = True) -> Any:
         """Run `fn` on the engine thread once the requests submitted before it have finished
@@ -371,11 +377,16 @@ class VLLMEngine(StreamingUpdates):
                 )
                 return
             self._pending[request_id] = (loop, future)
+            lora = self._begin_request(request_id)  # its version and adapter (engines/_lora.py)
             try:
                 internal = self._engine.add_request(
-                    request_id, {"prompt_token_ids": prompt_ids}, _vllm_params(params)
+                    request_id,
+                    {"prompt_token_ids": prompt_ids},
+                    _vllm_params(params),
+                    lora_request=lora,
                 )
             except Exception as exc:
+                self._end_request(request_id)
                 del self._pending[request_id]
                 error = f"{type(exc).__name__}: {exc}"
                 loop.call_soon_threadsafe(
@@ -387,6 +398,7 @@ class VLLMEngine(StreamingUpdates):
             for held in [h for h in self._held if h[0] == item]:
                 self._held.remove(held)
             if self._pending.pop(item, None) is not None:
+                self._end_request(item)
                 self._engine.abort_request([item])
                 self._internal = {k: v for k, v in self._internal.items() if v != item}
         elif kind == "call":
@@ -471,7 +483,7 @@ class VLLMEngine(StreamingUpdates):
             if pending is None:
                 continue
             loop, future = pending
-            generation = _generation(output, self.weights_version)
+            generation = _generation(output, self._end_request(request_id))
             loop.call_soon_threadsafe(_settle, future, generation)
 
     def _interrupt(self) -> None:
@@ -490,12 +502,13 @@ class VLLMEngine(StreamingUpdates):
             if pending is None:
                 continue
             loop, future = pending
+            version = self._end_request(caller)
             if output is None:
                 stopped = Generation([], finish_reason="interrupted")
             else:
-                stopped = _generation(output, self.weights_version)
+                stopped = _generation(output, version)
             stopped = dataclasses.replace(
-                stopped, finish_reason="interrupted", weights_version=self.weights_version
+                stopped, finish_reason="interrupted", weights_version=version
             )
             loop.call_soon_threadsafe(_settle, future, stopped)
         self._internal.clear()
