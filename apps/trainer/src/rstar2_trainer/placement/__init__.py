@@ -8,7 +8,11 @@ validates one before a run starts). `weights` is the seam every placement shares
 `WeightMover` per placement that sleeps the engines, moves the colocated training state and
 pushes the policy's weights (`channel` is split placement's); `engines` keeps which engines are
 alive. `servers` starts and authenticates the child services; `engine_actor` is the Ray actor
-around an rstar2-rollout engine and `ray_engine` the driver's face of it; `config` holds the
-schemas of the recipe's `cluster:` and `remote:` sections. The loop sees only a
-`TrajectorySource` (`rstar2_rollout.collect`), the services' clients and the mover.
+around an rstar2-rollout engine and `ray_engine` the driver's face of it. The schemas of the
+recipe's `cluster:` and `remote:` sections are `rstar2_trainer.config.cluster`'s.
+
+Every placement hands the loop one `local.Parts`: the `TrajectorySource` it collects from
+(`rstar2_rollout.collect`), the `Engines` (alive, asleep), the `Scorer`, the `WeightMover`, the
+tokenizer and model folder, the driver's model or the ranks' `TrainGroup`, and the child
+services' health and counts (`check_servers`, `service_counts`).
 """
