@@ -4,7 +4,7 @@
     python bench/memory_fit.py --gpu --skip-setups --json OUT   # on one GPU (scripts/gpu_check.sh)
 
 Validation: for each shape below a fresh process runs two real RL training steps
-(`distributed.train_step` with `update.WorkerPolicyLoss`, FSDP2 in a world of one, the chunked
+(`distributed.train_step` with `update.RLTokenLoss`, FSDP2 in a world of one, the chunked
 head logprobs) and reports its measured peak (`memory_probe`: VmHWM of the second step minus
 the RSS before the model was built; on a GPU, `max_memory_allocated` of the second step minus
 the allocated bytes before); `memory.peak_bytes` predicts it from the shape alone

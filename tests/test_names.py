@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +94,22 @@ def test_the_two_grading_roles_are_apart_by_name():
 def test_every_exported_name_exists(package):
     module = importlib.import_module(package)
     assert [n for n in module.__all__ if not hasattr(module, n)] == []
+
+
+# Spellings a rename retired (ARCHITECTURE.md's names table gives each one's new name).
+RETIRED = re.compile(
+    r"\b(WorkerPolicy|WorkerPolicyLoss|ColocatedWorker|WORKERS_DIR|gpus_per_worker"
+    r"|cpus_per_worker|load_policy|open_worker_policy)\b"
+)
+
+
+def test_retired_names_are_gone_from_the_code():
+    root = Path(__file__).resolve().parents[1]
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for top in ("packages", "apps", "bench")
+        for path in (root / top).rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if RETIRED.search(line)
+    ]
+    assert found == []

@@ -22,11 +22,11 @@ from rstar2_trainer.training.distributed import train_step
 from rstar2_trainer.training.precision import (
     FP32_CPU,
     Precision,
-    distributed_config,
     resolve_device,
 )
 from rstar2_trainer.training.sft import train_sft
-from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.training.sharded_policy import distributed_config
+from rstar2_trainer.training.update import RLTokenLoss, make_optimizer, policy_rows
 
 BF16_CPU = Precision(torch.device("cpu"), torch.bfloat16)
 
@@ -68,7 +68,7 @@ def _trajectories() -> tuple[list[Trajectory], torch.Tensor]:
 def _step(model, precision: Precision):
     rows, advantages = _trajectories()
     optimizer = make_optimizer(model, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01)
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
     with precision.autocast():
         result = train_step(
             model,
@@ -146,7 +146,7 @@ def test_device_and_dtype_settings():
         "bfloat16",
         "bfloat16",
     )
-    fsdp = distributed_config(config.train, activation_checkpointing=True)
+    fsdp = distributed_config(config)  # what the ranks of this recipe are started with
     assert (fsdp.param_dtype, fsdp.reduce_dtype) == ("bfloat16", "float32")
     with pytest.raises(ConfigError, match=r"^engine.dtype float32 differs from train.dtype"):
         load_config("tiny", ["train.dtype=bfloat16", "engine.dtype=float32"])

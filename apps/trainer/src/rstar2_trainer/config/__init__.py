@@ -276,19 +276,19 @@ class TrainerConfig(Section):
             )
         return self
 
-    def engine_for(self, model_dir: str, replica: int, **placement: Any) -> EngineConfig:
+    def engine_for(self, model_dir: str, replica: int, **assigned: Any) -> EngineConfig:
         """Replica `replica`'s engine config: what the recipe left unset is the run's (the
         policy's folder, the context of `context_tokens`, the seed run.seed + replica) or the
         placement's (a cluster's tensor parallelism and sleep mode)."""
         lora = getattr(self.model, "lora", None)
         if lora is not None and lora.sync == "adapter":  # serve the base with LoRA enabled
-            placement.setdefault("max_lora_rank", lora.rank)
+            assigned.setdefault("max_lora_rank", lora.rank)
         return self.engine.fill(
             model=model_dir,
             max_model_len=context_tokens(self),
             seed=self.run.seed + replica,
             at_push=self.async_.at_push,
-            **placement,
+            **assigned,
         )
 
 

@@ -18,7 +18,7 @@ from rstar2_trainer.training.head_logprobs import CHUNK_TOKENS, head_logprobs
 
 
 @dataclass
-class Batch:
+class TokenBatch:
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
     response_start: torch.Tensor  # [B] index of the first response token in each row
@@ -31,7 +31,7 @@ def make_batch(
     responses: Sequence[Sequence[int]],
     masks: Sequence[Sequence[int]],
     pad_id: int,
-) -> Batch:
+) -> TokenBatch:
     """Right-pad prompt+response rows; responses are also gathered into [B, T] tensors."""
     rows = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
     length = max(len(r) for r in rows)
@@ -48,12 +48,12 @@ def make_batch(
             response_ids[i, : len(resp)] = torch.tensor(list(resp))
             response_mask[i, : len(mask)] = torch.tensor(list(mask), dtype=torch.float32)
     start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return Batch(input_ids, attention, start, response_mask, response_ids)
+    return TokenBatch(input_ids, attention, start, response_mask, response_ids)
 
 
 def response_logprobs(
     model: torch.nn.Module,
-    batch: Batch,
+    batch: TokenBatch,
     *,
     with_entropy: bool = False,
     temperature: float = 1.0,

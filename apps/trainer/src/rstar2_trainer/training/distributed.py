@@ -66,7 +66,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rstar2_trainer.training.batching import (
-    Batch,
+    TokenBatch,
     make_batch,
     response_logprobs,
     token_budget_chunks,
@@ -306,7 +306,7 @@ class Row:
 
 @dataclass
 class MicroBatch:
-    batch: Batch
+    batch: TokenBatch
     values: dict[str, torch.Tensor]  # each [B, T], 0 on padding
     entropy: torch.Tensor | None = None  # [B, T] with train_step(with_entropy=True); see TokenLoss
 
@@ -358,7 +358,7 @@ def make_micro_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> 
         for i, r in enumerate(rows):
             v[i, : len(r.values[key])] = torch.tensor(list(r.values[key]), dtype=torch.float32)
         values[key] = v.to(device)
-    moved = Batch(*(getattr(batch, f).to(device) for f in Batch.__dataclass_fields__))
+    moved = TokenBatch(*(getattr(batch, f).to(device) for f in TokenBatch.__dataclass_fields__))
     return MicroBatch(moved, values)
 
 

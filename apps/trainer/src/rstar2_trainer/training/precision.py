@@ -9,11 +9,11 @@ Contract
   `precision.autocast()` runs the forward pass (and so the backward of its ops) in bf16 on that
   device, on CPU as on GPU. Logprobs and losses are computed in fp32 from the bf16 logits
   (`batching.response_logprobs` upcasts before the softmax). float32 is plain fp32.
-- `precision.batch(b)` moves a `Batch` to the device.
+- `precision.batch(b)` moves a `TokenBatch` to the device.
 
 FSDP2 training (`distributed.py`) has its own precision policy (`MixedPrecisionPolicy` with bf16
 parameters and fp32 gradient reduction), configured from the same setting by
-`distributed_config`. Not covered: fp16 (needs loss scaling), fp8.
+`sharded_policy.distributed_config`. Not covered: fp16 (needs loss scaling), fp8.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from rstar2_trainer.config import TrainSettings
-from rstar2_trainer.training.batching import Batch
-from rstar2_trainer.training.distributed import DistributedConfig
+from rstar2_trainer.training.batching import TokenBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -61,15 +59,10 @@ class Precision:
         with torch.autocast(device_type=self.device.type, dtype=self.dtype):
             yield
 
-    def batch(self, batch: Batch) -> Batch:
-        return Batch(*(getattr(batch, f).to(self.device) for f in Batch.__dataclass_fields__))
+    def batch(self, batch: TokenBatch) -> TokenBatch:
+        return TokenBatch(
+            *(getattr(batch, f).to(self.device) for f in TokenBatch.__dataclass_fields__)
+        )
 
 
 FP32_CPU = Precision(torch.device("cpu"), torch.float32)  # the default: plain fp32 on the CPU
-
-
-def distributed_config(settings: TrainSettings, **fields: Any) -> DistributedConfig:
-    """The FSDP2 config for the same `train` settings: bf16 parameters, fp32 reduction."""
-    return DistributedConfig(
-        device=settings.device, param_dtype=settings.dtype, reduce_dtype="float32", **fields
-    )
