@@ -245,3 +245,30 @@ def test_a_pack_holds_at_most_its_budget_and_ranks_stay_balanced() -> None:
     assert max(counts[True]) - min(counts[True]) <= 1
     assert all(p <= q for p, q in zip(counts[True], counts[False], strict=True))
     assert sum(counts[True]) < sum(counts[False])
+
+
+def test_the_memory_model_counts_a_pack_without_mask_or_repeated_heads() -> None:
+    """By hand, on test_memory.py's small shape: a pack fills the budget with its rows' own
+    tokens, keeps no mask and no copied k/v heads; recipes are modelled packed."""
+    from rstar2_trainer.config import load_config
+    from rstar2_trainer.training.memory import ModelShape, Setup, setup_from_config, training_terms
+
+    small = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4,
+                       vocab=32)  # fmt: skip
+    common = {"model": small, "compute_bytes": 2, "checkpointing": False, "kv_bytes": 0}
+    padded = Setup(micro_batch_tokens=50, row_tokens=20, response_tokens=16, padded=True, **common)
+    packed = padded.model_copy(update={"padded": False})
+    assert (padded.tokens, padded.scored) == (40, 32)  # two rows of 20, a third does not fit
+    assert (packed.tokens, packed.scored) == (50, 40)  # the budget, its scored share
+    pad, pack = training_terms(padded), training_terms(packed)
+    assert pad["attention_mask"] == 2 * 20 * 20 and pack["attention_mask"] == 0
+    # A token of one block: padded 472 bytes (test_memory.py), packed less repeat_kv's 2 x 2 x 8.
+    assert pad["activations"] == 2 * 40 * 472 and pack["activations"] == 2 * 50 * (472 - 32)
+    assert packed.model_copy(update={"pack_tokens": 45}).tokens == 45  # a known largest pack
+    long_row = packed.model_copy(update={"row_tokens": 80, "response_tokens": 64})
+    assert long_row.tokens == 80  # a row over the budget is a micro-batch alone
+    recipe = setup_from_config(load_config("qwen3-14b-mi300x"), {
+        "num_hidden_layers": 40, "hidden_size": 5120, "intermediate_size": 17408,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 151936})  # fmt: skip
+    assert not recipe.padded and recipe.tokens == recipe.micro_batch_tokens == 32768
