@@ -3,32 +3,33 @@
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]        # default OUT_DIR: bench/results/gpu_check
 #
-# Stages, each under its own timeout, in this order; the expected times are one H200's, and
-# without vLLM and Ray (a bare image with torch and transformers) the whole check takes about
-# 10 minutes:
+# Stages, each under its own timeout and all under GPU_CHECK_BUDGET_S (default 720 s: a stage
+# gets at most what is left, and once under 30 s are left the rest are recorded as skipped), in
+# this order, most wanted first; the expected times are one H200's, and without vLLM and Ray (a
+# bare image with torch and transformers) the whole check takes about 9-10 minutes:
 #   env        driver, torch, vLLM, Ray, NCCL/RCCL versions, shared-memory size, Ray's NOSET_*
 #              (5 s; limit 60 s)
 #   order      bench/gpu_order.py: an NCCL world of one through the trainer's own order (step,
 #              offload, DCP save, export, onload), every parameter's device at each point
-#              (about 1 min; limit 240 s; skipped where the file is missing)
+#              (about 1 min; limit 180 s; skipped where the file is missing)
 #   tiny_hf    bench/gpu_tiny_hf.py: `rstar2-train tiny` end to end in one process with
 #              engine.kind=hf, the driver training on the GPU (4 SFT steps, 2 RL steps; vLLM and
-#              Ray unimportable), exit status, steps trained, peak memory (about 1.5 min; 300 s)
+#              Ray unimportable), exit status, steps trained, peak memory (about 1.5 min; 240 s)
 #   block      bench/memory_fit.py --gpu --only the two block shapes: one Qwen3-14B block and
 #              its head at 12K, stage-3 rows packed into one 32,768-token micro-batch, its peak
-#              against the memory model; the same rows padded beside it (about 1 min; 240 s)
+#              against the memory model; the same rows padded beside it (about 1 min; 180 s)
 #   speed      bench/train_speed.py: a Qwen3-4B-shaped RL step (FSDP2 world of one, bf16,
 #              checkpointing) on 8 stage-3 rows, packed and padded: tokens/s, MFU (6 x params x
 #              tokens / s / the device's dense bf16 peak), peak memory, the attention kernel
-#              (about 2 min; 360 s)
+#              (about 2 min; 300 s)
 #   memory     bench/memory_fit.py --gpu on three shapes: the memory model against
 #              `max_memory_allocated` of real RL steps on packed rows, the backward and the
 #              optimizer step apart (the 14B's width at 12K, the gpu-1 recipe's step, Qwen3-0.6B
-#              without checkpointing) (about 2.5 min; 300 s)
+#              without checkpointing) (about 2.5 min; 240 s)
 #   gpu_step   bench/gpu_step.py: the GRPO-RoC step at Qwen's 151,936 vocabulary and 4K-token
 #              sequences (peak memory), FSDP2 under torchrun, and the sync check (one RL step,
 #              push to a vLLM engine, greedy output changes and equals transformers' bf16)
-#              (about 45 s without vLLM; 300 s)
+#              (about 45 s without vLLM; 180 s)
 #   colocated  `rstar2-train tiny` on the GPU with one FSDP2 rank and its engine colocated, for
 #              two RL steps (sleep, offload, sync, wake timings from the run's metrics; no OOM)
 #              (needs vLLM and Ray; 240 s)
@@ -57,10 +58,21 @@ if ! "${py[@]}" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() e
 fi
 mkdir -p "$out"
 
+skip_stage() {  # name reason
+    printf '{"stage": "%s", "rc": 3, "seconds": 0.0, "skipped": "%s"}\n' "$1" "$2" >>"$out/stages.jsonl"
+    echo "gpu_check: $1 skipped ($2)"
+}
+budget=${GPU_CHECK_BUDGET_S:-720}  # the whole check's seconds: a lent GPU's time is counted
+deadline=$((SECONDS + budget))
 run_stage() {  # name timeout_s command...
     local name=$1 limit=$2
     shift 2
-    local start end rc
+    local start end rc left=$((deadline - SECONDS))
+    if ((left < 30)); then
+        skip_stage "$name" "skipped: the check's ${budget} s budget is spent"
+        return
+    fi
+    ((limit > left)) && limit=$left
     start=$(date +%s.%N)
     timeout --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1
     rc=$?
@@ -97,10 +109,6 @@ info["visible"] = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "HIP_V
 print(json.dumps(info))
 EOF
 
-skip_stage() {  # name reason
-    printf '{"stage": "%s", "rc": 3, "seconds": 0.0, "skipped": "%s"}\n' "$1" "$2" >>"$out/stages.jsonl"
-    echo "gpu_check: $1 skipped ($2)"
-}
 missing() {  # module: nothing when it imports, else the last line of its error
     local err
     err=$("${py[@]}" -c "import $1" 2>&1 >/dev/null) && return 0
@@ -108,7 +116,7 @@ missing() {  # module: nothing when it imports, else the last line of its error
 }
 
 if [[ -f bench/gpu_order.py ]]; then
-    run_stage order 240 "${py[@]}" bench/gpu_order.py --json "$out/gpu_order.json"
+    run_stage order 180 "${py[@]}" bench/gpu_order.py --json "$out/gpu_order.json"
 else
     skip_stage order "skipped: bench/gpu_order.py missing"
 fi
@@ -117,21 +125,21 @@ why=$(missing rstar2_trainer.cli)
 if [[ -n $why ]]; then
     skip_stage tiny_hf "the trainer does not import here: $why"
 else
-    run_stage tiny_hf 300 "${py[@]}" bench/gpu_tiny_hf.py --device cuda --out "$out/tiny_hf"
+    run_stage tiny_hf 240 "${py[@]}" bench/gpu_tiny_hf.py --device cuda --out "$out/tiny_hf"
 fi
 
-run_stage block 240 "${py[@]}" bench/memory_fit.py --gpu --skip-setups \
+run_stage block 180 "${py[@]}" bench/memory_fit.py --gpu --skip-setups \
     --only qwen3-14b-block-12k-packed qwen3-14b-block-12k-padded --json "$out/block.json"
 
-run_stage speed 360 "${py[@]}" bench/train_speed.py --json "$out/train_speed.json"
+run_stage speed 300 "${py[@]}" bench/train_speed.py --json "$out/train_speed.json"
 
-run_stage memory 300 "${py[@]}" bench/memory_fit.py --gpu --skip-setups --only \
+run_stage memory 240 "${py[@]}" bench/memory_fit.py --gpu --skip-setups --only \
     qwen3-14b-l8-12k-expandable qwen3-1.7b-gpu1-6k qwen3-0.6b-4k-no-ckpt \
     --json "$out/memory_fit.json"
 
 skip=()
 has vllm || skip=(--skip vllm)
-run_stage gpu_step 300 "${py[@]}" bench/gpu_step.py "${skip[@]}" --out "$out/gpu_step.json"
+run_stage gpu_step 180 "${py[@]}" bench/gpu_step.py "${skip[@]}" --out "$out/gpu_step.json"
 
 if [[ ${py[0]} == python3 ]] || ! has vllm || ! has ray; then
     skip_stage colocated "needs the synced workspace (.venv), Ray and vLLM; this machine lacks one"
