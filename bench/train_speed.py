@@ -15,7 +15,9 @@ micro-batches. The rows are `--rows` draws of bench/capacity.py's stage-3 length
   and backward once: checkpointing's recomputed forward is not credited, as MFU conventionally
   does not;
 - the peak memory of each layout, and the attention kernel the packed layout ran
-  (`attention.attention_kernel`).
+  (`attention.attention_kernel`);
+- first, `kernel_check`: that kernel against one fp32 SDPA per row on the 4B's heads (output and
+  gradients), so a kernel that is wrong on this device shows before any step.
 `--tiny` shrinks the model and the rows (a CPU smoke run of the same code). Writes JSON; prints
 one table. Not covered: more than one rank, the old-logprob forward, sequence parallelism.
 """
@@ -23,6 +25,7 @@ one table. Not covered: more than one rank, the old-logprob forward, sequence pa
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from padding import stage3_lengths
 
 # Dense bf16 peak FLOP/s by a substring of torch's device name (vendor data sheets, no sparsity).
@@ -68,6 +72,46 @@ def peak_flops(device: torch.device) -> float | None:
 
 def mfu(params: int, tokens: int, seconds: float, peak: float | None) -> float | None:
     return None if peak is None or seconds <= 0 else 6 * params * tokens / seconds / peak
+
+
+def kernel_check(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The packed attention on this device (`attention.packed_attention`, the kernel it picks)
+    against one fp32 SDPA per row: the largest differences of the output and of the gradients
+    of q, k and v, on four rows of 700, 1, 2,300 and 129 tokens with the 4B's heads (32/8, 128)."""
+    from rstar2_trainer.training.attention import attention_kernel, packed_attention
+
+    lengths, heads, kv_heads, dim = [700, 1, 2300, 129], 32, 8, 128
+    gen = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(1, h, sum(lengths), dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
+    bounds = [0, *itertools.accumulate(lengths)]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    got = [t.to(device, dtype).requires_grad_() for t in qkv]
+    q, k, v = got
+    out, _ = packed_attention(
+        torch.nn.Module(), q, k, v, None, scaling=dim**-0.5, cu_seq_lens_q=cu, max_length_q=2300
+    )  # [1, M, Hq, D]
+    weight = torch.randn(out.shape, generator=gen).to(device)
+    (out.float() * weight).sum().backward()
+    ref = [t.to(device).requires_grad_() for t in qkv]
+    rq, rk, rv = ref
+    rows = [
+        F.scaled_dot_product_attention(
+            rq[:, :, s:e], rk[:, :, s:e], rv[:, :, s:e], is_causal=True, scale=dim**-0.5,
+            enable_gqa=True,
+        )
+        for s, e in itertools.pairwise(bounds)
+    ]  # fmt: skip
+    want = torch.cat(rows, dim=2).transpose(1, 2)  # [1, M, Hq, D]
+    (want * weight).sum().backward()
+    errors = {"out": float((out.detach().float() - want.detach()).abs().max())}
+    for name, g, r in zip("qkv", got, ref, strict=True):
+        assert g.grad is not None and r.grad is not None
+        errors[f"grad_{name}"] = float((g.grad.float() - r.grad).abs().max())
+    scale = float(want.detach().abs().max())
+    kernel = attention_kernel(got[0], kv_heads, dim**-0.5)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    return {"kernel": kernel, "dtype": str(dtype), "max_abs": errors, "out_scale": scale,
+            "ok": all(v <= tol * max(1.0, scale) for v in errors.values())}  # fmt: skip
 
 
 def _rows(shape: dict, count: int, tiny: bool, seed: int) -> list[Any]:
@@ -108,6 +152,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         micro_batch_tokens=budget,
     )
     world = init_distributed(config)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    try:
+        check = kernel_check(world.device, dtype)
+    except Exception as exc:  # a kernel this device cannot run: the result, not a traceback
+        check = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     torch.manual_seed(0)
     with world.device:
         model = Qwen3ForCausalLM(Qwen3Config(**shape, max_position_embeddings=16384))
@@ -124,6 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
 
     out: dict[str, Any] = {
+        "kernel_check": check,
         "device": torch.cuda.get_device_name(world.device) if cuda else "cpu",
         "torch": torch.__version__,
         "params": params,
@@ -133,11 +183,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "micro_batch_tokens": budget,
         "peak_flops": peak,
     }
-    dtype = torch.bfloat16 if cuda else torch.float32
     probe = torch.empty(1, shape["num_attention_heads"], 2, shape["head_dim"], dtype=dtype)
     out["attention_kernel"] = attention_kernel(
         probe.to(world.device), shape["num_key_value_heads"], shape["head_dim"] ** -0.5
     )
+    if not check["ok"]:
+        return out  # no step on a kernel that is wrong here
     for layout in ("packed", "padded"):
         times, result = [], None
         if cuda:
@@ -192,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         print("train_speed: --rows and --steps must be at least 1", file=sys.stderr)
         return 2
     out = run(args)
+    if not out["kernel_check"]["ok"]:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"train_speed: the packed attention kernel is wrong here: {out['kernel_check']}")
+        sys.stdout.flush()
+        os._exit(1)
     print(f"{out['device']}: {out['params'] / 1e9:.2f}B parameters, {out['rows']} rows, "
           f"{out['tokens']:,} tokens (longest {out['longest_row']:,}), attention kernel "
           f"{out['attention_kernel']}")  # fmt: skip

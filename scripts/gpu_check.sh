@@ -12,16 +12,17 @@
 #   order      bench/gpu_order.py: an NCCL world of one through the trainer's own order (step,
 #              offload, DCP save, export, onload), every parameter's device at each point
 #              (about 1 min; limit 180 s; skipped where the file is missing)
-#   tiny_hf    bench/gpu_tiny_hf.py: `rstar2-train tiny` end to end in one process with
-#              engine.kind=hf, the driver training on the GPU (4 SFT steps, 2 RL steps; vLLM and
-#              Ray unimportable), exit status, steps trained, peak memory (about 1.5 min; 240 s)
-#   block      bench/memory_fit.py --gpu --only the two block shapes: one Qwen3-14B block and
-#              its head at 12K, stage-3 rows packed into one 32,768-token micro-batch, its peak
-#              against the memory model; the same rows padded beside it (about 1 min; 180 s)
 #   speed      bench/train_speed.py: a Qwen3-4B-shaped RL step (FSDP2 world of one, bf16,
 #              checkpointing) on 8 stage-3 rows, packed and padded: tokens/s, MFU (6 x params x
 #              tokens / s / the device's dense bf16 peak), peak memory, the attention kernel
+#              and first a check of that kernel against per-row fp32 SDPA on the 4B's heads
 #              (about 2 min; 300 s)
+#   block      bench/memory_fit.py --gpu --only the two block shapes: one Qwen3-14B block and
+#              its head at 12K, stage-3 rows packed into one 32,768-token micro-batch, its peak
+#              against the memory model; the same rows padded beside it (about 1 min; 180 s)
+#   tiny_hf    bench/gpu_tiny_hf.py: `rstar2-train tiny` end to end in one process with
+#              engine.kind=hf, the driver training on the GPU (4 SFT steps, 2 RL steps; vLLM and
+#              Ray unimportable), exit status, steps trained, peak memory (about 1.5 min; 240 s)
 #   memory     bench/memory_fit.py --gpu on three shapes: the memory model against
 #              `max_memory_allocated` of real RL steps on packed rows, the backward and the
 #              optimizer step apart (the 14B's width at 12K, the gpu-1 recipe's step, Qwen3-0.6B
@@ -121,17 +122,17 @@ else
     skip_stage order "skipped: bench/gpu_order.py missing"
 fi
 
-why=$(missing rstar2_trainer.cli)
+run_stage speed 300 "${py[@]}" bench/train_speed.py --json "$out/train_speed.json"
+
+run_stage block 180 "${py[@]}" bench/memory_fit.py --gpu --skip-setups \
+    --only qwen3-14b-block-12k-packed qwen3-14b-block-12k-padded --json "$out/block.json"
+
+why=$(missing "rstar2_trainer.cli, rstar2_verify, rstar2_sandbox, sympy")
 if [[ -n $why ]]; then
     skip_stage tiny_hf "the trainer does not import here: $why"
 else
     run_stage tiny_hf 240 "${py[@]}" bench/gpu_tiny_hf.py --device cuda --out "$out/tiny_hf"
 fi
-
-run_stage block 180 "${py[@]}" bench/memory_fit.py --gpu --skip-setups \
-    --only qwen3-14b-block-12k-packed qwen3-14b-block-12k-padded --json "$out/block.json"
-
-run_stage speed 300 "${py[@]}" bench/train_speed.py --json "$out/train_speed.json"
 
 run_stage memory 240 "${py[@]}" bench/memory_fit.py --gpu --skip-setups --only \
     qwen3-14b-l8-12k-expandable qwen3-1.7b-gpu1-6k qwen3-0.6b-4k-no-ckpt \

@@ -55,6 +55,7 @@ def test_speed_stage_runs_on_cpu_at_toy_size(tmp_path):
           "--json", str(out)])  # fmt: skip
     r = json.loads(out.read_text())
     assert r["device"] == "cpu" and r["attention_kernel"] == "rows" and r["peak_flops"] is None
+    assert r["kernel_check"]["ok"] and r["kernel_check"]["kernel"] == "rows"
     assert r["rows"] == 3 and r["tokens"] > r["longest_row"] > 0
     for layout in ("packed", "padded"):
         assert r[layout]["step_s"] > 0 and r[layout]["tokens_per_s"] > 0
