@@ -44,10 +44,6 @@ class Batch:
     cu_seqlens: torch.Tensor | None = None  # [B + 1] int32 packed: row boundaries in the pack
     longest: int = 0  # packed: the longest row's tokens
 
-    @property
-    def packed(self) -> bool:
-        return self.cu_seqlens is not None
-
     def to(self, device: torch.device) -> Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)

@@ -25,8 +25,9 @@ Contract
   reference path, at most rows x longest tokens); `row_logprobs` likewise. The number of loss
   tokens is all-reduced first and every micro-batch contributes sum(token loss * mask) / global
   tokens, so the loss and the gradient are exactly those of a single process taking the token
-  mean over the whole batch, whatever the split across ranks and micro-batches. Any per-token loss works: the SFT cross-entropy is
-  `-logp`, the RL policy loss is the clipped surrogate of `logp` and `values` such as advantages.
+  mean over the whole batch, whatever the split across ranks and micro-batches. Any per-token
+  loss works: the SFT cross-entropy is `-logp`, the RL policy loss is the clipped surrogate of
+  `logp` and `values` such as advantages.
 - A loss returns either the per-token loss [B, T] (masked and summed here) or, as a 0-dim tensor,
   the micro-batch's loss already summed over its loss tokens; optionally with metrics that are
   likewise sums over the micro-batch's loss tokens, which the step reports as global means per

@@ -3,14 +3,15 @@
 `measure(shape)` starts a fresh Python process (`python -m rstar2_trainer.training.memory_probe
 SHAPE_JSON`) that builds a random Qwen3-shaped model of `shape`, shards it with FSDP2 in a world of
 one (`distributed.shard_model`, fp32 master weights and the shape's compute dtype: bf16 as on a
-GPU, or fp32, which this CPU runs five times faster), and runs
-`distributed.train_step` on packed rows (the trainer's; `packed=False`: padded) with the RL loss (`update.WorkerPolicyLoss`, GRPO-RoC, entropy on as the
-trainer computes it) on random rows. One warm-up step first, so the AdamW state exists as it does
-in a run; then the high-water mark is reset (`/proc/self/clear_refs`), a second step runs, and
-the child reports VmHWM minus the RSS it had before the model was built: everything that step's
-peak holds (weights, gradients, optimizer state, activations, the loss's tensors). The peak is
-also read apart for the forward and backward (up to `optimizer.step()`, `backward_bytes`) and
-for the optimizer step itself (`optimizer_bytes`), the moments `memory.py` models.
+GPU, or fp32, which this CPU runs five times faster), and runs `distributed.train_step` with the
+RL loss (`update.WorkerPolicyLoss`, GRPO-RoC, entropy on as the trainer computes it) on random
+rows, packed as the trainer packs them (`packed=False`: padded). One warm-up step first, so the
+AdamW state exists as it does in a run; then the high-water mark is reset
+(`/proc/self/clear_refs`), a second step runs, and the child reports VmHWM minus the RSS it had
+before the model was built: everything that step's peak holds (weights, gradients, optimizer
+state, activations, the loss's tensors). The peak is also read apart for the forward and
+backward (up to `optimizer.step()`, `backward_bytes`) and for the optimizer step itself
+(`optimizer_bytes`), the moments `memory.py` models.
 
 Honest measurement needs freed memory to leave the process: the child runs with glibc's
 `MALLOC_MMAP_THRESHOLD_` at 64 KiB (every tensor of note is its own mapping, unmapped on free)
