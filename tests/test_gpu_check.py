@@ -35,10 +35,12 @@ def test_gpu_check_says_one_line_and_exits_2_without_a_gpu(tmp_path):
 
 
 def _bench(name: str):
-    """A bench/ module by file name (bench/ on sys.path: they import their siblings)."""
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    return importlib.import_module(name)
+    """A bench/ module by file name (bench/ on sys.path while it loads: they import siblings)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
