@@ -272,3 +272,19 @@ def test_the_memory_model_counts_a_pack_without_mask_or_repeated_heads() -> None
         "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 151936})  # fmt: skip
     assert not recipe.padded and recipe.tokens == recipe.micro_batch_tokens == 32768
+
+
+def test_the_mask_function_skips_a_whole_forward_in_either_calling_convention() -> None:
+    """transformers 5.19 passes q_length/q_offset, older releases cache_position: a forward over
+    a whole sequence without a padding mask gets no mask either way; a padded batch gets sdpa's."""
+    from transformers.masking_utils import causal_mask_function
+
+    from rstar2_trainer.training.attention import packed_mask
+
+    common = {"batch_size": 1, "kv_length": 6, "kv_offset": 0, "attention_mask": None,
+              "mask_function": causal_mask_function, "device": torch.device("cpu")}  # fmt: skip
+    assert packed_mask(q_length=6, q_offset=0, **common) is None
+    assert packed_mask(cache_position=torch.arange(6), **common) is None
+    padding = torch.tensor([[True, True, True, True, False, False]])
+    mask = packed_mask(q_length=6, q_offset=0, **{**common, "attention_mask": padding})
+    assert mask is not None and mask.shape == (1, 1, 6, 6) and not bool(mask[0, 0, 5, 5])

@@ -145,17 +145,22 @@ def packed_attention(
 def packed_mask(**kwargs: Any) -> torch.Tensor | None:
     """transformers' mask function under `PACKED` (called with keywords): None for a full
     forward without a padding mask (a pack, or one causal sequence: `packed_attention` needs no
-    mask for either), otherwise `sdpa`'s mask."""
+    mask for either), otherwise `sdpa`'s mask. A full forward is one whose queries are all of
+    its keys (q_length == kv_length, no key offset); older transformers name the queries by
+    `cache_position` instead of `q_length`."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    q_length = kwargs.get("q_length")
+    if q_length is None and (positions := kwargs.get("cache_position")) is not None:
+        q_length = positions.shape[0]
+    kv_offset = kwargs.get("kv_offset", 0)
     whole = (
         kwargs.get("attention_mask") is None
-        and kwargs.get("q_length") == kwargs.get("kv_length")
         and kwargs.get("local_size") is None
-        and isinstance(q_offset, int)
+        and q_length is not None
+        and q_length == kwargs.get("kv_length")
         and isinstance(kv_offset, int)
-        and q_offset == kv_offset == 0
+        and kv_offset == 0
     )
     return None if whole else ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](**kwargs)
 
