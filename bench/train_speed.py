@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check = kernel_check(world.device, dtype)
     except Exception as exc:  # a kernel this device cannot run: the result, not a traceback
         check = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+    if not check["ok"]:  # no model and no step on a kernel that is wrong here
+        return {"kernel_check": check, "device": str(world.device), "torch": torch.__version__}
     torch.manual_seed(0)
     with world.device:
         model = Qwen3ForCausalLM(Qwen3Config(**shape, max_position_embeddings=16384))
@@ -187,8 +189,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["attention_kernel"] = attention_kernel(
         probe.to(world.device), shape["num_key_value_heads"], shape["head_dim"] ** -0.5
     )
-    if not check["ok"]:
-        return out  # no step on a kernel that is wrong here
     for layout in ("packed", "padded"):
         times, result = [], None
         if cuda:
