@@ -1,4 +1,4 @@
-"""Issue 30, item 5: does a run with partial rollouts learn as well as a synchronous one?
+"""Does a run with asynchronous steps learn as well as a synchronous one?
 
     uv run python bench/async_vs_sync.py [RECIPE] [a.b=value ...] [--seeds 0 1 2] [--jobs 2]
         [--arms sync async] [--work runs/async_vs_sync] [--json bench/results/async_vs_sync.json]
@@ -8,15 +8,16 @@ RECIPE` until checkpoint 0, exported as a policy folder), then per arm and seed 
 from that policy, evaluated on the SFT run's held-out problems. The arms differ only in the step:
 
 - `sync`: every step waits for all its groups (`async.max_staleness=0`);
-- `async`: `async.partial_rollout=true async.max_staleness=1`: a step trains on the first
-  `curriculum.batch_size` groups to finish of about twice as many in flight, the rest carried
-  into the next step on the new weights, groups more than one version old dropped;
+- `async`: `async.partial_rollout=true async.max_staleness=1`: the rollout pool holds twice
+  `curriculum.batch_size` groups; a step trains the groups due (started the step before), and the
+  first step the first to finish; the rest carry into the next step on the new weights, none
+  dropped, their stale tokens corrected (token-level TIS, the asynchronous default);
 - `one_step_off` (not run by default: `--arms sync one_step_off --json ...`):
   `async.max_staleness=1` alone: each step trains the batch the step before submitted, whole,
   while its own generates.
 
-Both arms checkpoint every 10 steps (`run.checkpoint_every=10`: a checkpoint drains the pool, so
-the default of every step would leave nothing to carry).
+Both arms checkpoint every 10 steps (`run.checkpoint_every=10`, as the runs in the trainer README
+did; a checkpoint pauses the pool and discards nothing).
 
 `rl_seconds` is the wall time of the RL steps: from the evaluation of the starting policy (step
 0, logged before the first step starts) to the last RL step's record, checkpoints included, the
@@ -25,7 +26,7 @@ share the machine's load; their seconds compare within a seed, not across sessio
 
 JSON: `{"arms": {"sync": [RUN, ...], "async": [RUN, ...]}, "verdict": "..."}`, a RUN is
 `{"seed", "final_accuracy", "rl_seconds", "accuracy_after_sft", "rl_steps", "staleness_mean",
-"mismatch_kl_mean", "mismatch_ratio_max", "groups_dropped_stale", "groups_carried"}` (the
+"mismatch_kl_mean", "mismatch_ratio_max", "groups_carried", "groups_drawn", "groups_trained"}` (the
 mismatch: the sampler-trainer KL estimate averaged over the RL steps, and the largest
 per-token probability ratio of any step). The verdict says, for each arm beside `sync`, whether
 its mean final accuracy lies inside the synchronous arm's 95 % t-interval (the issue's bar for a
@@ -66,7 +67,8 @@ def run_record(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "mismatch_kl_mean": _mean(r.get("mismatch_kl") for r in rl),
         "mismatch_ratio_max": max((r.get("mismatch_ratio_max") or 0.0 for r in rl), default=None),
         "groups_carried": sum(r.get("groups_carried", 0) for r in rl),
-        "groups_dropped_stale": sum(r.get("groups_dropped_stale", 0) for r in rl),
+        "groups_drawn": sum(len(r.get("drawn", [])) for r in rl),
+        "groups_trained": sum(r.get("groups_trained", 0) for r in rl),
     }
 
 
@@ -102,7 +104,7 @@ def verdict(arms: dict[str, list[dict[str, Any]]]) -> str:
 def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
     print(
         f"{'arm':<13}{'seed':>5}{'after SFT':>11}{'final':>8}{'RL s':>8}{'stale':>7}"
-        f"{'carried':>9}{'dropped':>9}{'mismatch KL':>13}"
+        f"{'carried':>9}{'drawn':>7}{'trained':>9}{'mismatch KL':>13}"
     )
     for arm, runs in arms.items():
         for r in runs:
@@ -110,7 +112,7 @@ def print_table(arms: dict[str, list[dict[str, Any]]]) -> None:
             print(
                 f"{arm:<13}{r['seed']:>5}{r['accuracy_after_sft']:>11.3f}{r['final_accuracy']:>8.3f}"
                 f"{r['rl_seconds']:>8.0f}{'-' if stale is None else f'{stale:.2f}':>7}"
-                f"{r['groups_carried']:>9}{r['groups_dropped_stale']:>9}"
+                f"{r['groups_carried']:>9}{r['groups_drawn']:>7}{r['groups_trained']:>9}"
                 f"{'-' if kl is None else f'{kl:.2e}':>13}"
             )
 

@@ -245,7 +245,8 @@ async def vllm_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
 
     from rstar2_rollout import SamplingParams, VLLMEngineConfig
     from rstar2_rollout.engines.vllm import VLLMEngine
-    from rstar2_trainer.training.weight_sync import push_weights, release_engines
+    from rstar2_trainer.placement.engines import Engines
+    from rstar2_trainer.placement.weights import TensorMover
 
     policy: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     policy = policy.to("cuda")
@@ -282,10 +283,11 @@ async def vllm_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
         out["decode_tokens_per_s"] = sum(map(len, before)) / seconds
         rl_step(policy, vocab)  # the weights now differ from the engine's
         free_awake = torch.cuda.mem_get_info()[0]
-        out["sleep_s"] = await release_engines([engine], args.sleep_level)
+        mover = TensorMover(Engines([engine], sleep_level=args.sleep_level))  # the trainer's
+        out["sleep_s"] = (await mover.sleep()).total_s
         out["sleep_freed_gib"] = (torch.cuda.mem_get_info()[0] - free_awake) / GIB
-        times = await push_weights([engine], policy.state_dict().items())
-        out["wake_weights_s"], out["wake_kv_s"] = times.wake_weights_s, times.wake_kv_s
+        times = await mover.push(policy.state_dict().items())
+        out["wake_s"] = times.wake_s  # weights before the load, KV cache after
         out["cycle_sync_s"] = times.total_s
         _, after = await batch("after")
         out["greedy_changed_after_sync"] = after != before

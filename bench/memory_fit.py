@@ -10,10 +10,13 @@ head logprobs, rows packed as the trainer packs them, or padded where a shape sa
 reports its measured peak (`memory_probe`: VmHWM of the second step minus
 the RSS before the model was built; on a GPU, `max_memory_allocated` of the second step minus
 the allocated bytes before); `memory.peak_bytes` predicts it from the shape alone
-(training phase, overhead 0). Setups: Qwen3-14B at 12K responses on 64 MI300X and on 8 H100
-80 GB with the shipped recipes' settings (micro-batch tokens, KV budget, engine TP read from
-their YAML files), colocated with offload and activation checkpointing; split placement rows for
-comparison. Those are the model's predictions, not GPU measurements.
+(training phase, overhead 0). Setups: each shipped GPU recipe as it ships
+(`memory.setup_from_config` of the loaded recipe and its Qwen3 config.json, `RECIPE_SETUPS`):
+`gpu-1` on a 40 GB and an 80 GB card, `node-8gpu` (Qwen3-8B) on 8 H100, Qwen3-14B at 12K with
+`node-8gpu`'s settings on 8 H100 and `qwen3-14b-mi300x`'s on 64 MI300X; split placement rows for
+comparison. Each row also gives `engine_start` (`memory.engine_start`: the free memory when the
+engine starts against what vLLM's start-up check asks). Those are the model's predictions, not
+GPU measurements.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from rstar2_trainer.training.memory import (
     GIB,
     ModelShape,
     Setup,
+    engine_start,
     peak_bytes,
+    setup_from_config,
     training_moments,
 )
 from rstar2_trainer.training.memory_probe import ProbeShape, measure, probe_setup
@@ -135,13 +140,51 @@ GPU_SHAPES = [
 BLOCK_SHAPES = ["qwen3-14b-block-12k-packed", "qwen3-14b-block-12k-padded"]
 # fmt: on
 
-QWEN3_14B = ModelShape(
-    layers=40, hidden=5120, intermediate=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936
-)
+QWEN3_14B_JSON = {  # the Qwen3 config.json keys the model reads (Qwen/Qwen3-*-Base on the hub)
+    "model_type": "qwen3",
+    "num_hidden_layers": 40,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+}
+QWEN3_8B_JSON = {
+    **QWEN3_14B_JSON,
+    "num_hidden_layers": 36,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+}
+QWEN3_17B_JSON = {
+    **QWEN3_14B_JSON,
+    "num_hidden_layers": 28,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_attention_heads": 16,
+    "tie_word_embeddings": True,
+}
+QWEN3_14B = ModelShape.from_hf(QWEN3_14B_JSON)
 MI300X_BYTES = 205_822_885_888  # rocm-smi's VRAM total of one MI300X (192 GB)
 H100_BYTES = 81_559 * (1 << 20)  # nvidia-smi's total of one H100 SXM 80 GB
+A100_40GB_BYTES = int(39.4 * GIB)  # about torch's total_memory of one A100 40 GB
 PROMPT_TOKENS = 1024  # system prompt + problem: the paper's prompts are well under this
 RESPONSE_TOKENS = 12288  # the 12K stages of the `paper` curriculum plan
+
+# Each shipped GPU recipe's own setup (`memory.setup_from_config` of the recipe as shipped and
+# its model's config.json), on the device it names, plus the 14B on the 8-GPU recipe.
+RECIPE_SETUPS = [
+    ("gpu-1-40gb", "gpu-1", QWEN3_17B_JSON, A100_40GB_BYTES),
+    ("gpu-1-80gb", "gpu-1", QWEN3_17B_JSON, H100_BYTES),
+    ("node-8gpu-8xh100", "node-8gpu", QWEN3_8B_JSON, H100_BYTES),
+    ("qwen3-14b-12k-8xh100-colocated", "node-8gpu", QWEN3_14B_JSON, H100_BYTES),
+    ("qwen3-14b-12k-64xmi300x-colocated", "qwen3-14b-mi300x", QWEN3_14B_JSON, MI300X_BYTES),
+    # LoRA on one GPU: the frozen bf16 base, rank-32 adapters, adapter sync (12K rows).
+    ("qwen3-8b-lora-1xh100", "qwen3-8b-lora-1gpu", QWEN3_8B_JSON, H100_BYTES),
+    ("qwen3-14b-lora-1xh100", "qwen3-14b-lora-1gpu", QWEN3_14B_JSON, H100_BYTES),
+]
 
 
 def recipe_settings(name: str) -> dict:
@@ -153,29 +196,36 @@ def recipe_settings(name: str) -> dict:
         "micro_batch_tokens": int(raw["optim"]["micro_batch_tokens"]),
         "kv_bytes": int(raw["engine"]["kv_cache_memory_bytes"]),
         "engine_tp": max(1, int(cluster.get("gpus_per_engine", 1))),
+        "sleep_level": int(cluster.get("sleep_level", 1)),
+        "memory_overhead_gib": float(cluster.get("memory_overhead_gib", 8.0)),
+        "gpu_memory_utilization": raw["engine"].get("gpu_memory_utilization"),
     }
 
 
 def setups() -> list[tuple[str, Setup, int, dict]]:
+    from rstar2_trainer.config import load_config
+
     out = []
-    for tag, recipe, gpus, device in [
+    for name, recipe, model_json, device in RECIPE_SETUPS:
+        setup = setup_from_config(load_config(recipe), model_json)
+        out.append((name, setup, device, recipe_settings(recipe)))
+    for tag, recipe, gpus, device in [  # split placement for comparison: half train, half roll
         ("64xmi300x", "qwen3-14b-mi300x", 64, MI300X_BYTES),
         ("8xh100", "node-8gpu", 8, H100_BYTES),
     ]:
         r = recipe_settings(recipe)
-        common = {
-            "model": QWEN3_14B,
-            "compute_bytes": 2,
-            "checkpointing": True,
-            "micro_batch_tokens": r["micro_batch_tokens"],
-            "row_tokens": PROMPT_TOKENS + RESPONSE_TOKENS,
-            "response_tokens": RESPONSE_TOKENS,
-            "engine_tp": r["engine_tp"],
-            "kv_bytes": r["kv_bytes"],
-        }
-        colo = Setup(world_size=gpus, placement="colocated", offload=True, **common)
-        split = Setup(world_size=gpus // 2, placement="split", **common)
-        out.append((f"qwen3-14b-12k-{tag}-colocated", colo, device, r))
+        split = Setup(
+            model=QWEN3_14B,
+            world_size=gpus // 2,
+            compute_bytes=2,
+            checkpointing=True,
+            micro_batch_tokens=r["micro_batch_tokens"],
+            row_tokens=PROMPT_TOKENS + RESPONSE_TOKENS,
+            response_tokens=RESPONSE_TOKENS,
+            placement="split",
+            engine_tp=r["engine_tp"],
+            kv_bytes=r["kv_bytes"],
+        )
         out.append((f"qwen3-14b-12k-{tag}-split", split, device, r))
     return out
 
@@ -257,15 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(
         f"\n{'setup':<36} {'device GiB':>10} {'train GiB':>9} {'rollout GiB':>11} "
-        f"{'peak GiB':>8} {'host GiB':>8} fits  recipe"
+        f"{'peak GiB':>8} {'host GiB':>8} fits  {'start: free / asked GiB':>23}  recipe"
     )
     for name, setup, device, recipe in [] if args.skip_setups else setups():
         b = peak_bytes(setup, device)
         ok = b.peak <= device
+        start = engine_start(setup, device)
+        asked = f"{start.free / GIB:.1f} / {start.requested / GIB:.1f} {'ok' if start.ok else 'NO'}"
         print(
             f"{name:<36} {device / GIB:>10.1f} {b.training / GIB:>9.1f} {b.rollout / GIB:>11.1f} "
             f"{b.peak / GIB:>8.1f} {b.host / GIB:>8.1f} {'yes' if ok else 'NO ':<5} "
-            f"{recipe['recipe']}"
+            f"{asked:>23}  {recipe['recipe']}"
         )
         rows.append(
             {
@@ -273,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
                 "device_gib": device / GIB,
                 "peak_gib": b.peak / GIB,
                 "fits": ok,
+                "engine_start": {
+                    "free_gib": start.free / GIB,
+                    "requested_gib": start.requested / GIB,
+                    "ok": start.ok,
+                },
                 "training_gib": b.training / GIB,
                 "rollout_gib": b.rollout / GIB,
                 "host_gib_per_device": b.host / GIB,

@@ -26,8 +26,9 @@ run one after another, fresh engines each): `wait`, an engine drains its running
 `abort`, it aborts them and the agent resumes each turn on the new weights with the rest of
 its forced length (one turn, two versions).
 - sync: `collect` the step's groups, all of them;
-- partial: the step's groups into a `RolloutPool` (and the next step's after a drain, as the
-  trainer does), train on the first `--groups` to finish, carry the rest; `--max-staleness`.
+- partial: the step's groups into a `RolloutPool` driven as the trainer drives it
+  (`RolloutPool.step`: batches drawn ahead while a whole one fits), train on the due groups and
+  then the first to finish, carry the rest; `--max-staleness`.
 Both arms train the same number of groups; the number is wall time per trained group, with the
 staleness of what was trained. Grading is a no-op here (reward 1): the bench times rollouts.
 """
@@ -87,14 +88,14 @@ def service(
     """The rollout service over `engines`, whose agent plays each sample's drawn turns."""
 
     async def produce(
-        problem: RolloutTask, index: int, engine: Any, sampling: RolloutSampling
+        problem: RolloutTask, index: int, engine: Any, sampling: RolloutSampling, request_id: str
     ) -> Trajectory:
         spec = specs[f"{problem.id}-{index}"]
         rng = random.Random(f"{salt}/{problem.id}/{index}")  # fresh ids: no prefix-cache hits
         prompt = [rng.randrange(16, vocab) for _ in range(spec.prompt_tokens)]
         traj = Trajectory(group_id=problem.id, sample_index=index, prompt_ids=prompt)
         for turn, want in enumerate(spec.turn_tokens):
-            rid = f"{salt}/{problem.id}-{index}/{turn}"
+            rid = f"{salt}/{request_id}/{turn}"
             got = 0
             while True:  # an "interrupted" turn (at_push: abort) goes on where it stopped
                 params = SamplingParams(max_tokens=want - got, logprobs=False, ignore_eos=True)
@@ -137,7 +138,7 @@ async def run_arm(
     scen = scenario(args.groups)
     specs: dict[str, TrajectorySpec] = {}
     batches: list[list[RolloutTask]] = []
-    for step in range(args.steps + 2):  # the partial arm reads one batch ahead
+    for step in range(args.steps + args.max_staleness + 1):  # the partial arm draws ahead
         tasks = []
         for spec in draw_workload(scen, args.seed * 1000 + step):
             pid = f"s{step}.{spec.group}"
@@ -147,10 +148,18 @@ async def run_arm(
         batches.append(tasks)
     svc = service(engines, specs, vocab, salt)
     config = RolloutConfig(max_response_tokens=scen.max_response_tokens, max_turns=scen.max_turns)
-    pool = RolloutPool(svc, NoGrade(), max_staleness=args.max_staleness)
+    pool = RolloutPool(
+        svc, NoGrade(), groups_per_step=args.groups, max_staleness=args.max_staleness
+    )
     version = pushes[0]
     drawn = 0
-    trained = dropped = 0
+    trained = 0
+
+    def ahead(_k: int) -> tuple[list[RolloutTask], RolloutConfig]:
+        nonlocal drawn
+        drawn += 1
+        return batches[drawn - 1], config
+
     staleness: list[float] = []
     rollout_s = push_s = 0.0
     start = time.perf_counter()
@@ -161,14 +170,9 @@ async def run_arm(
             drawn += 1
             trajectories, groups = got.trajectories, len(got.problems)
         else:
-            if pool.in_flight + pool.waiting == 0:
-                pool.submit(batches[drawn], SAMPLES, config)
-                drawn += 1
-            pool.submit(batches[drawn], SAMPLES, config)
             drawn += 1
-            part = await pool.next_batch(args.groups, version)
+            part, _ = await pool.step(batches[drawn - 1], SAMPLES, config, ahead=ahead)
             trajectories, groups = part.trajectories, len(part.problems)
-            dropped += part.stale_dropped
         rollout_s += time.perf_counter() - t0
         trained += groups
         stats = staleness_stats(trajectories, version)
@@ -190,7 +194,6 @@ async def run_arm(
         "mode": mode,
         "steps": args.steps,
         "groups_trained": trained,
-        "groups_dropped_stale": dropped,
         "wall_s": wall,
         "rollout_s": rollout_s,
         "push_s": push_s,
@@ -257,13 +260,13 @@ def table(result: dict[str, Any]) -> None:
         f"train {result['train_s']} s, max_staleness {result['max_staleness']}"
     )
     print(
-        f"{'mode':8} {'at_push':7} {'rep':>3} {'groups':>6} {'dropped':>7} {'wall s':>7}"
+        f"{'mode':8} {'at_push':7} {'rep':>3} {'groups':>6} {'wall s':>7}"
         f" {'push s':>7} {'s/group':>8} {'staleness':>9}"
     )
     for r in result["rows"]:
         print(
             f"{r['mode']:8} {r['at_push']:7} {r['repeat']:3} {r['groups_trained']:6}"
-            f" {r['groups_dropped_stale']:7} {r['wall_s']:7.1f} {r['push_s']:7.1f}"
+            f" {r['wall_s']:7.1f} {r['push_s']:7.1f}"
             f" {r['s_per_group']:8.2f} {r['mean_staleness']:9.2f}"
         )
     by = {

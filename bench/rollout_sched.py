@@ -41,15 +41,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rstar2_rollout.config import (
+from rstar2_rollout.config import KVAwarePolicy, LeastRequestsPolicy, SchedulerConfig
+from rstar2_rollout.research.config import (
     CacheAwarePolicy,
     ForecastPolicy,
-    KVAwarePolicy,
     KVProgressPolicy,
-    LeastRequestsPolicy,
     LeastTokensPolicy,
     PowerOfTwoPolicy,
-    SchedulerConfig,
+    ResearchSchedulerConfig,
     StaticPolicy,
 )
 from rstar2_rollout.research.simulate import (
@@ -86,22 +85,22 @@ PEERS = [
 ]
 
 
-def policies(cap: int) -> dict[str, SchedulerConfig]:
-    default = SchedulerConfig()
+def policies(cap: int) -> dict[str, ResearchSchedulerConfig]:
+    default = ResearchSchedulerConfig()
     out = {
         default.policy.kind: default,
-        "kv_progress": SchedulerConfig(policy=KVProgressPolicy()),
-        "forecast": SchedulerConfig(policy=ForecastPolicy()),
-        "kv_aware": SchedulerConfig(policy=KVAwarePolicy()),
-        "static": SchedulerConfig(policy=StaticPolicy()),
-        "round_robin": SchedulerConfig(policy=StaticPolicy(split="round_robin")),
-        "least_requests": SchedulerConfig(policy=LeastRequestsPolicy()),
+        "kv_progress": ResearchSchedulerConfig(policy=KVProgressPolicy()),
+        "forecast": ResearchSchedulerConfig(policy=ForecastPolicy()),
+        "kv_aware": ResearchSchedulerConfig(policy=KVAwarePolicy()),
+        "static": ResearchSchedulerConfig(policy=StaticPolicy()),
+        "round_robin": ResearchSchedulerConfig(policy=StaticPolicy(split="round_robin")),
+        "least_requests": ResearchSchedulerConfig(policy=LeastRequestsPolicy()),
         "least_requests_capped": SchedulerConfig(
             policy=LeastRequestsPolicy(max_running_per_engine=cap)
         ),
-        "power_of_two": SchedulerConfig(policy=PowerOfTwoPolicy()),
-        "cache_aware": SchedulerConfig(policy=CacheAwarePolicy()),
-        "least_tokens": SchedulerConfig(policy=LeastTokensPolicy()),
+        "power_of_two": ResearchSchedulerConfig(policy=PowerOfTwoPolicy()),
+        "cache_aware": ResearchSchedulerConfig(policy=CacheAwarePolicy()),
+        "least_tokens": ResearchSchedulerConfig(policy=LeastTokensPolicy()),
     }
     return out
 

@@ -6,6 +6,9 @@ seeded mix, 16 in flight, every answer checked); before each pair it measures a 
 of the same snippets at the same concurrency (they import numpy and sympy) and a bare `python -c
 pass` (serial, `--bare-calls` runs; issue 29 states its target against this one), since this
 shared machine's speed moves. JSON rows carry both: `cold_per_s` and `bare_cold_per_s`.
+`--hog` keeps another process busy on the last core during every bench (`python -c 'while True:
+pass'`, pinned there): the neighbour a shared host gives. Rows carry each bench's false timeouts
+(timed out in the mix, fits its limit alone: `rstar2-sandbox bench`) and statuses.
 The baseline is an interpreter whose `rstar2_sandbox` is another checkout (a venv whose .pth puts
 that checkout's `src` first). Prints a table, writes JSON.
 
@@ -47,8 +50,16 @@ def _serve(python: str, user: str) -> tuple[subprocess.Popen[str], str]:
     return proc, match.group(1)
 
 
+def _hog() -> subprocess.Popen[bytes]:
+    """A process that keeps the last core busy until it is killed."""
+    core = (os.cpu_count() or 1) - 1
+    code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
 def _bench(python: str, user: str, args: argparse.Namespace) -> dict[str, Any]:
     server, address = _serve(python, user)
+    hog = _hog() if args.hog else None
     try:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             command = [sys.executable, "-m", "rstar2_sandbox.cli", "bench", "--address", address]
@@ -56,6 +67,9 @@ def _bench(python: str, user: str, args: argparse.Namespace) -> dict[str, Any]:
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             return json.loads(Path(out.name).read_text())
     finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
         server.terminate()
         server.wait(60)
 
@@ -70,6 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cold-calls", type=int, default=16)
     parser.add_argument("--bare-calls", type=int, default=20, help="serial `python -c pass` runs")
+    parser.add_argument("--hog", action="store_true", help="keep the last core busy meanwhile")
     parser.add_argument("--json", default="bench/results/sandbox_ab.json")
     args = parser.parse_args()
     jobs = make_workload(args.cold_calls, "no_loops", seed=0)
@@ -92,8 +107,12 @@ def main() -> None:
                         "per_s": report["executions_per_s"],
                         "cold_per_s": cold,
                         "bare_cold_per_s": bare_cold,
+                        "hog": args.hog,
                         "correct": report["correct"],
                         "false_timeouts": report["false_timeouts"],
+                        "statuses": report["statuses"],
+                        "cpu_calls_alone_s": report.get("cpu_calls_alone_s"),
+                        "cpu_latency_s": report.get("cpu_latency_s"),
                         "latency_s": report["latency_s"],
                         "cpu_ms_per_call": report["cpu_ms_per_call"],
                         "confinements": report["confinements"],
@@ -104,7 +123,8 @@ def main() -> None:
                     f"round {index + 1} {user:<6} {name:<9} load {load:5.2f}  "
                     f"{r['per_s']:6.1f}/s  cold mix {cold:5.2f}/s  x{r['per_s'] / cold:5.1f}  "
                     f"bare {bare_cold:5.2f}/s  x{r['per_s'] / bare_cold:5.1f}  "
-                    f"{r['correct']}/{args.calls} correct, {r['false_timeouts']} false timeouts",
+                    f"{r['correct']}/{args.calls} correct, {r['false_timeouts']} false timeouts, "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())),
                     flush=True,
                 )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -18,20 +18,24 @@ Two syncs of the policy's fp32 `state_dict().items()`, each measured alone:
   other noise) hosts a `WeightSender` on 127.0.0.1, this process joins as the engine's
   `WeightReceiver` (gloo) and `receive_into(engine)` loads the bf16 buckets. Measured here: the
   receive (group build included), its extra host peak, the group's build time alone; the
-  sender reports its own send seconds. Then lm_head and down_proj must equal the sender's bf16
-  policy and greedy output must change again.
+  sender reports its own send seconds. Then the engine must compute the sender's bf16 policy
+  (below) and greedy output must change again.
 
 Extra host memory: the process's peak resident set during the sync minus the resident set just
 before it (`echo 5 > /proc/self/clear_refs` resets VmHWM; then VmHWM is read after the sync).
 It counts everything in this process, vLLM's layerwise reload buffers included (vLLM 0.32
-materialises each layer anew, loads it, then copies it into the old storage). After the
-streamed sync the engine's weights are checked against the policy's bf16 cast (lm_head and one
-layer's down_proj), and greedy output must change.
+materialises each layer anew, loads it, then copies it into the old storage). A sync is checked
+by what the engine computes, not by reading its parameters (vLLM's CPU backend repacks linear
+weights for its kernels, AMX on hosts that have it, and may drop the original `.weight`): the
+engine's logprobs of its greedy tokens must equal the policy's bf16 copy's scoring of the same
+tokens within `TOLERANCE` (both compute in bf16; the largest difference is reported), and
+greedy output must change.
 
 JSON: {"engine_dtype_bytes", "bytes_moved", "bucket_bytes", "peak_extra_host_bytes", "seconds",
 "baseline_seconds"} (+ "baseline_peak_extra_host_bytes", "channel_bytes_moved",
 "channel_buckets", "channel_seconds", "channel_connect_s", "channel_send_s",
-"channel_peak_extra_host_bytes"). CPU only; the machine is shared, so
+"channel_peak_extra_host_bytes", "logprob_max_diff", "logprob_max_diff_channel").
+`--layers` shrinks the model for a smoke run. CPU only; the machine is shared, so
 seconds vary from run to run.
 """
 
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 1024, 16, 8, 36, 65536
+TOLERANCE = 0.25  # largest |logprob| difference, vLLM's bf16 kernels against torch's bf16
 
 
 def _rss_bytes(field: str) -> int:
@@ -158,27 +163,44 @@ async def _over_channel(engine: Any, model_dir: Path, bucket_bytes: int) -> dict
     }
 
 
-def _params(worker: Any) -> dict[str, Any]:
-    model = worker.model_runner.get_model()
-    wanted = ("lm_head.weight", "model.layers.3.mlp.down_proj.weight")
-    return {n: p.detach().clone() for n, p in model.named_parameters() if n in wanted}
+async def _computes(engine: Any, policy: Any, prompt: list[int], what: str) -> tuple[list, float]:
+    """The engine's greedy tokens, after checking that it computes `policy` cast to bf16: its
+    logprobs of those tokens equal the bf16 copy's within `TOLERANCE`; the largest difference."""
+    import copy
+
+    import torch
+
+    from rstar2_rollout import SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=True)
+    out = await engine.generate(prompt, params, what)
+    reference = copy.deepcopy(policy).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + out.token_ids])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    want = [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(out.token_ids)]
+    worst = max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True))
+    if worst >= TOLERANCE:
+        raise RuntimeError(f"after the {what} the engine does not compute the policy's bf16 cast:"
+                           f" logprobs differ by {worst:.3f}")  # fmt: skip
+    return out.token_ids, worst
 
 
-async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
+async def run(bucket_bytes: int, folder: Path, layers: int = LAYERS) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from rstar2_rollout import SamplingParams, VLLMEngineConfig
     from rstar2_rollout.engines.vllm import VLLMEngine
     from rstar2_rollout.tiny import build_tiny_model
-    from rstar2_trainer.training.weight_sync import push_weights
+    from rstar2_trainer.placement.weights import push_weights
 
     model_dir = build_tiny_model(
         folder / "model",
         hidden_size=HIDDEN,
         heads=HEADS,
         kv_heads=KV_HEADS,
-        layers=LAYERS,
+        layers=layers,
         vocab_size=VOCAB,
         max_position_embeddings=1024,
     )
@@ -199,22 +221,14 @@ async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
         prompt = list(range(100, 132))
         before = (await engine.generate(prompt, params, "before")).token_ids
         seconds, peak, times = await _measured(lambda: push_weights([engine], state.items()))
-        after = (await engine.generate(prompt, params, "after")).token_ids
-        loaded = engine._engine.collective_rpc(_params)[0]
-        for name, tensor in loaded.items():
-            if not torch.equal(tensor, state[name].to(torch.bfloat16)):
-                raise RuntimeError(f"after the streamed sync {name} is not the bf16 cast")
+        after, diff = await _computes(engine, policy, prompt, "streamed sync")
         if after == before:
             raise RuntimeError("greedy output did not change after the streamed sync")
         base_seconds, base_peak, _ = await _measured(lambda: _today(engine, state.items()))
         channel = await _over_channel(engine, model_dir, bucket_bytes)
-        again = (await engine.generate(prompt, params, "channel")).token_ids
         _add_noise(policy, 1, -1.0)  # now the sender's policy, in place
         _add_noise(policy, 2, 1.0)
-        loaded = engine._engine.collective_rpc(_params)[0]
-        for name, tensor in loaded.items():
-            if not torch.equal(tensor, state[name].to(torch.bfloat16)):
-                raise RuntimeError(f"after the channel sync {name} is not the sender's bf16 cast")
+        again, channel_diff = await _computes(engine, policy, prompt, "channel sync")
         if again == after:
             raise RuntimeError("greedy output did not change after the channel sync")
     finally:
@@ -229,6 +243,8 @@ async def run(bucket_bytes: int, folder: Path) -> dict[str, Any]:
         "baseline_peak_extra_host_bytes": base_peak,
         "buckets": times.buckets,
         "parameters": sum(t.numel() for t in state.values()),
+        "logprob_max_diff": round(diff, 4),
+        "logprob_max_diff_channel": round(channel_diff, 4),
         **channel,
     }
 
@@ -281,12 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--bucket-mib", type=int, default=256, help="bucket size (MiB)")
+    parser.add_argument("--layers", type=int, default=LAYERS, help="fewer for a smoke run")
     args = parser.parse_args(argv)
     if args.bucket_mib <= 0:
         print(f"--bucket-mib must be positive, not {args.bucket_mib}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="weight_sync_") as tmp:
-        out = asyncio.run(run(args.bucket_mib << 20, Path(tmp)))
+        out = asyncio.run(run(args.bucket_mib << 20, Path(tmp), args.layers))
     print(_table(out))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,8 @@
 # fits a 10-minute slot: a stage gets at most what is left, and once under 30 s are left the rest
 # are recorded as skipped), in this order, most wanted first; GPU_CHECK_STAGES (space-separated
 # names; env always runs) picks some, e.g. two calls of "order speed block" and "tiny_hf memory
-# gpu_step". The expected times are one H200's; without vLLM and Ray (a bare image with torch and
-# transformers) all of them take about 9-10 minutes:
+# gpu_step lora". The expected times are one H200's; without vLLM and Ray (a bare image with torch
+# and transformers) all of them but lora (not yet run on a GPU) take about 9-10 minutes:
 #   env        driver, torch, vLLM, Ray, NCCL/RCCL versions, shared-memory size, Ray's NOSET_*
 #              (5 s; limit 60 s)
 #   order      bench/gpu_order.py: an NCCL world of one through the trainer's own order (step,
@@ -33,6 +33,10 @@
 #              sequences (peak memory), FSDP2 under torchrun, and the sync check (one RL step,
 #              push to a vLLM engine, greedy output changes and equals transformers' bf16)
 #              (about 45 s without vLLM; 180 s)
+#   lora       bench/lora_step.py: a Qwen3-shaped LoRA step (the 8B's width at 8K tokens, 4 of
+#              its blocks, the frozen bf16 base, rank-32 adapters) through the trainer's own
+#              `lora.apply_lora` and `train_step`: step seconds, peak allocated memory against the
+#              memory model, adapter bytes, the base unchanged (needs PEFT; limit 300 s)
 #   colocated  `rstar2-train tiny` on the GPU with one FSDP2 rank and its engine colocated, for
 #              two RL steps (sleep, offload, sync, wake timings from the run's metrics; no OOM)
 #              (needs vLLM and Ray; 240 s)
@@ -68,7 +72,7 @@ skip_stage() {  # name reason
 }
 budget=${GPU_CHECK_BUDGET_S:-540}  # the whole check's seconds: a lent GPU's time is counted
 deadline=$((SECONDS + budget))
-stages=" env ${GPU_CHECK_STAGES:-order speed block tiny_hf memory gpu_step colocated} "
+stages=" env ${GPU_CHECK_STAGES:-order speed block tiny_hf memory gpu_step lora colocated} "
 wanted() { [[ $stages == *" $1 "* ]]; }
 run_stage() {  # name timeout_s command...
     local name=$1 limit=$2
@@ -150,6 +154,17 @@ skip=()
 has vllm || skip=(--skip vllm)
 run_stage gpu_step 180 "${py[@]}" bench/gpu_step.py "${skip[@]}" --out "$out/gpu_step.json"
 
+if wanted lora; then
+    why=$(missing "peft, rstar2_trainer.training.lora")
+    if [[ -n $why ]]; then
+        skip_stage lora "the trainer's LoRA does not import here: $why"
+    else
+        run_stage lora 300 "${py[@]}" bench/lora_step.py --device cuda --hidden 4096 \
+            --intermediate 12288 --layers 4 --heads 32 --kv-heads 8 --tokens 8192 --rank 32 \
+            --out "$out/lora_step.json"
+    fi
+fi
+
 if [[ ${py[0]} == python3 ]] || ! has vllm || ! has ray; then
     skip_stage colocated "needs the synced workspace (.venv), Ray and vLLM; this machine lacks one"
 else
@@ -184,6 +199,7 @@ summary["tiny_hf"] = read("tiny_hf/tiny_hf.json")
 block = read("block.json")
 summary["block"] = block["validation"] if block else None
 summary["speed"] = read("train_speed.json")
+summary["lora"] = read("lora_step.json")
 step = out / "gpu_step.json"
 summary["gpu_step"] = json.loads(step.read_text())["results"] if step.exists() else None
 metrics = sorted((out / "runs").glob("*/metrics.jsonl"))
@@ -196,3 +212,4 @@ if metrics:
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(f"gpu_check: wrote {out / 'summary.json'}")
 EOF
+

@@ -2,7 +2,11 @@
 
 Three checks: every workspace edge a member's pyproject declares is in the agreed list; every
 first-party module a member's source imports is one it declares; and the members that have no
-tensors install no torch, read from the lock's transitive closure.
+tensors install no torch, read from the lock's transitive closure. Inside the trainer, two more:
+its training backends (`rstar2_trainer.training`) import nothing from its placement (where the
+weights go is the placement's weight mover, which imports training, never the other way), and
+no trainer module imports itself through others (an import anywhere in a file counts, inside
+functions too).
 """
 
 from __future__ import annotations
@@ -160,3 +164,57 @@ def test_torch_free_members_pull_no_torch(member):
 def test_the_lock_holds_no_local_path():
     text = (REPO / "uv.lock").read_text()
     assert "file://" not in text and "/opt/" not in text and "/root/" not in text
+
+
+TRAINER = REPO / "apps" / "trainer" / "src" / "rstar2_trainer"
+
+
+def trainer_graph() -> dict[str, set[str]]:
+    """Each rstar2_trainer module and the rstar2_trainer modules it imports (anywhere in it)."""
+    modules: dict[str, Path] = {}
+    for path in TRAINER.rglob("*.py"):
+        parts = path.relative_to(TRAINER.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_training_imports_nothing_from_placement():
+    graph = trainer_graph()
+    found = {
+        module: sorted(t for t in targets if t.startswith("rstar2_trainer.placement"))
+        for module, targets in graph.items()
+        if module.startswith("rstar2_trainer.training")
+    }
+    assert not {m: t for m, t in found.items() if t}, found
+
+
+def test_no_trainer_module_imports_itself_through_others():
+    graph = trainer_graph()
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        if module in path:
+            raise AssertionError(
+                "import cycle: " + " -> ".join([*path[path.index(module) :], module])
+            )
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)

@@ -27,7 +27,9 @@ from rstar2_sandbox import LocalSandbox, SandboxConfig
 from rstar2_trainer.config import load_config
 from rstar2_trainer.evaluate import measure_accuracy
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, local_source
+from rstar2_trainer.placement.weights import TensorMover
 from rstar2_trainer.train import final_eval_command
 from rstar2_verify import Scorer, Verifier, VerifyConfig
 
@@ -84,10 +86,11 @@ async def _trainer(config, tokenizer, sandbox, engine: ScriptedModel) -> dict:
         model_dir=Path("scripted"),
         model=None,
         tokenizer=tokenizer,
-        engines=[meter],
+        engines=Engines([meter]),
         source=worker,
         sandbox=sandbox,
         scorer=Scorer(verifier, config.reward, tokenizer),
+        mover=TensorMover(Engines([])),  # not used: an evaluation pushes nothing
     )
     protocol = config.eval.protocol(top_p=config.rollout.top_p, reward=config.reward)
     try:
@@ -149,3 +152,128 @@ def test_trainer_and_evaluator_give_the_same_verdict_on_every_sample(tmp_path):
     # Training's rule: only sample 0 of each problem counts (a box outside the answer block and
     # a truncated answer earn nothing), so 1 of the 4 samples per problem.
     assert trained["accuracy"] == evaluated["accuracy"] == 0.25
+
+
+# ------------------------------------------------------------------ multiple choice (GPQA)
+
+
+def _gpqa_csv(path: Path) -> Path:
+    import csv
+
+    columns = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2"]
+    columns += ["Incorrect Answer 3", "Record ID"]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        for i in range(2):
+            values = [f"Which value, case {i}?", f"{i}.5", f"{i}.1", f"{i}.2", f"{i}.3", f"rec{i}"]
+            writer.writerow(dict(zip(columns, values, strict=True)))
+    return path
+
+
+class LetterModel:
+    """Answers each choice variant by its sample index (from the variant's id `X#i`): the right
+    letter, a wrong one, the right one in the reasoning only, a number."""
+
+    name = "letters"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.asked: dict[str, str] = {}
+
+    async def generate(self, prompt_ids, params: SamplingParams, request_id: str) -> Generation:
+        import re
+
+        variant = request_id.rsplit("/", 2)[0]  # gpqa_diamond/rec0#2 (then /sample/turn)
+        index = int(variant.rsplit("#", 1)[1])
+        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        self.asked[variant] = prompt
+        right = re.findall(r"\n([A-D])\) \d\.5\n", prompt)[-1]
+        wrong = next(x for x in "ABCD" if x != right)
+        text = [
+            f"It is {right}.</reason>\n<answer>\\boxed{{{right}}}</answer><|im_end|>",
+            f"It is {wrong}.</reason>\n<answer>\\boxed{{{wrong}}}</answer><|im_end|>",
+            f"So \\boxed{{{right}}}.</reason>\n<answer>no idea</answer><|im_end|>",
+            "</reason>\n<answer>\\boxed{0}</answer><|im_end|>",
+        ][index]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return Generation(ids, [0.0] * len(ids), finish_reason="stop")
+
+    def kv_capacity(self):
+        return None
+
+    async def update_weights(self, named_tensors) -> None:
+        raise RuntimeError("no weights")
+
+    async def close(self) -> None:
+        return None
+
+
+def test_gpqa_by_name_in_training_scores_each_sample_as_rstar2_eval_does(tmp_path):
+    from rstar2_curriculum import choice_variant
+    from rstar2_trainer.data import load_benchmark as trainer_benchmark
+
+    source = f"gpqa_diamond={_gpqa_csv(tmp_path / 'gpqa_diamond.csv')}"
+    trainer_config = load_config("tiny", [f"eval.sources=[{source}]", "eval.benchmark.samples=4"])
+    problems = trainer_benchmark(trainer_config.eval.sources[0])
+    assert [p.id for p in problems] == ["gpqa_diamond/rec0", "gpqa_diamond/rec1"]
+    protocol = trainer_config.eval.benchmark.model_copy(update={"max_turns": 2})
+    tokenizer = build_tokenizer(seed=0, vocab_size=2048)
+    trained_engine, eval_engine = LetterModel(tokenizer), LetterModel(tokenizer)
+    base = {"model": {"kind": "local", "path": "scripted"}, "benchmark": {"name": "gpqa_diamond"}}
+    settings = [f"{k}={v}" for k, v in protocol.model_dump(exclude={"reward"}).items()]
+    settings += [f"reward.{k}={v}" for k, v in protocol.reward.model_dump().items()]
+    settings += [f"system_prompt={trainer_config.rollout.system_prompt}"]
+    eval_config = load_eval_config("paper", base, settings)
+
+    async def both():
+        async with LocalSandbox(SandboxConfig(workers=1, preload=())) as sandbox:
+            meter = EngineMeter(trained_engine)
+            worker, scheduler = local_source(trainer_config, [meter], sandbox, tokenizer)
+            verifier = Verifier.local(VerifyConfig(workers=1))
+            parts = Parts(
+                model_dir=Path("scripted"),
+                model=None,
+                tokenizer=tokenizer,
+                engines=Engines([meter]),
+                source=worker,
+                sandbox=sandbox,
+                scorer=Scorer(verifier, protocol.reward, tokenizer),
+                mover=TensorMover(Engines([])),  # not used: an evaluation pushes nothing
+            )
+            try:
+                stats, collected = await measure_accuracy(
+                    parts, problems, protocol, trainer_config.rollout
+                )
+                todo = [
+                    (choice_variant(p, eval_config.seed, i), i) for p in problems for i in range(4)
+                ]
+                with RunStore.open(tmp_path / "e", {}, eval_config.identity()) as store:
+                    failures = await eval_app_evaluate(
+                        eval_engine,
+                        sandbox,
+                        verifier,
+                        tokenizer,
+                        todo,
+                        rollout_config(eval_config, None),
+                        store,
+                        max_failures=1,
+                        reward=eval_config.reward,
+                        choice=True,
+                    )
+                    records = store.finished()
+            finally:
+                await scheduler.close()
+                await verifier.close()
+            return stats, collected, failures, records
+
+    stats, collected, failures, records = asyncio.run(both())
+    assert failures == [] and stats["problems"] == 2 and stats["samples"] == 4
+    trained = {
+        (t.group_id.rsplit("#", 1)[0], int(t.group_id.rsplit("#", 1)[1])): t.reward
+        for t in collected.trajectories
+    }
+    evaluated = {key: float(r.correct) for key, r in records.items()}
+    assert trained == evaluated  # same variants, same letters, same verdicts
+    assert trained_engine.asked == eval_engine.asked  # every sample saw the same options
+    assert stats["accuracy"] == 0.25  # only the right letter in the answer block counts

@@ -121,3 +121,28 @@ def test_tiny_hf_stage_runs_on_cpu_without_vllm_or_ray(tmp_path):
     r = json.loads((tmp_path / "tiny_hf.json").read_text())
     assert r["rc"] == 0 and r["imported"] == [] and r["policy_exported"], done.stdout[-2000:]
     assert r["sft_steps"] > 0 and r["rl_steps"] == 2 and all(r["rl_trained"])
+
+
+def test_lora_stage_runs_on_cpu_at_toy_size(tmp_path):
+    """The `lora` stage's script through the trainer's own LoRA and (packed) `train_step`."""
+    pytest.importorskip("peft")
+    out = tmp_path / "lora_step.json"
+    _run(["bench/lora_step.py", "--vocab", "4096", "--tokens", "256", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["device"] == "cpu" and r["loss_went_down"] and r["base_unchanged"]
+    assert r["adapter_bytes_bf16"] > 0 and r["predicted_training_gib"] > 0
+
+
+def test_every_stage_is_a_default_and_can_be_picked_alone():
+    """Each stage the script runs or skips is in GPU_CHECK_STAGES' default list (so naming it
+    alone runs it) and in the header's list of stages."""
+    import re
+
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    stages = set(re.findall(r"\b(?:run_stage|skip_stage) ([a-z_]+) ", script))
+    default = re.search(r"\$\{GPU_CHECK_STAGES:-([a-z_ ]+)\}", script)
+    assert default is not None
+    assert stages - {"env"} == set(default.group(1).split())
+    assert {"order", "speed", "block", "tiny_hf", "memory", "gpu_step", "lora"} <= stages
+    header = set(re.findall(r"^#   ([a-z_]+)  +", script, flags=re.M))  # "name   what it does"
+    assert stages == header

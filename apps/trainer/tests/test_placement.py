@@ -1,5 +1,5 @@
 """Placement without a cluster: which device an actor drives, the colocated config's rules, and
-`Engines` dropping an engine whose process died while the step goes on."""
+`Engines` dropping an engine whose process died while the driver's pushes go on."""
 
 from __future__ import annotations
 
@@ -12,29 +12,24 @@ from rstar2_trainer.config import load_config
 from rstar2_trainer.placement.config import ClusterConfig
 from rstar2_trainer.placement.devices import local_device_index, rank_bundles
 from rstar2_trainer.placement.engines import EngineError, Engines
+from rstar2_trainer.placement.weights import TensorMover
 
 
 def test_ray_narrowed_devices_mean_index_zero():
     assert local_device_index(["5"], {"CUDA_VISIBLE_DEVICES": "5"}) == 0
+    assert local_device_index(["5"], {"HIP_VISIBLE_DEVICES": "5"}, "HIP_VISIBLE_DEVICES") == 0
     assert local_device_index([], {}) == 0
 
 
-@pytest.mark.parametrize(
-    "switch",
-    [
-        "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES",
-        "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES",
-        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
-    ],
-)
-def test_noset_images_select_the_assigned_gpu(switch):
-    """AMD's vLLM images keep every GPU visible: the actor picks Ray's assignment itself."""
-    assert local_device_index(["3"], {switch: "1"}) == 3
-    visible = switch.removeprefix("RAY_EXPERIMENTAL_NOSET_")
-    assert local_device_index([6], {switch: "1", visible: "4,6,7"}) == 1
+@pytest.mark.parametrize("variable", ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"])
+def test_devices_left_visible_select_the_assigned_gpu(variable):
+    """Under Ray's NOSET switch for `variable` the actor sees every GPU (the node's list, or all
+    of them) and picks Ray's assignment itself; the full matrix of Ray's environments, with
+    vLLM's own device arithmetic, is in tests/test_gpu_rules_engine.py."""
+    assert local_device_index(["3"], {}, variable) == 3
+    assert local_device_index([6], {variable: "4,6,7"}, variable) == 1
     with pytest.raises(RuntimeError, match="hides it"):
-        local_device_index(["2"], {switch: "1", visible: "4,6"})
-    assert local_device_index(["3"], {switch: "0"}) == 0  # switched off
+        local_device_index(["2"], {variable: "4,6"}, variable)
 
 
 def test_one_bundle_per_rank():
@@ -121,10 +116,12 @@ def test_a_dead_engine_is_dropped_and_the_step_goes_on():
     pytest.importorskip("ray")
     lost, fine = _Lost("lost"), _Fine("fine")
     engines = Engines([lost, fine], sleep_level=2)
+    mover = TensorMover(engines)  # the driver's weights: split placement or local engines
 
     async def step() -> Any:
-        await engines.sleep()
-        return await engines.push([])
+        asleep = await mover.sleep()
+        assert asleep.asleep == 1 and asleep.needs_push
+        return await mover.push([])
 
     asyncio.run(step())
     assert engines.dropped == ["lost"]

@@ -168,7 +168,7 @@ def test_a_bf16_trained_policy_syncs_into_a_bf16_vllm_engine(tmp_path):
     from rstar2_rollout import SamplingParams, VLLMEngineConfig
     from rstar2_rollout.engines.vllm import VLLMEngine
     from rstar2_rollout.tiny import build_tiny_model
-    from rstar2_trainer.training.weight_sync import push_weights
+    from rstar2_trainer.placement.weights import push_weights
 
     model_dir = build_tiny_model(tmp_path / "tiny", seed=0)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

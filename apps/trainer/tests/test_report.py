@@ -57,6 +57,14 @@ def test_a_step_line_in_a_file_is_one_line_whatever_its_length(capsys) -> None:
     assert "[stage1[8k]]" in out and "tool use 0.90" in out  # the stage name is not markup
 
 
+def test_a_step_line_says_when_a_service_was_restarted_or_a_call_resent(capsys) -> None:
+    report.step_line(3, "tiny1", {"reward": 0.5, "service_restarts": 1, "calls_retried": 4})
+    report.step_line(4, "tiny1", {"reward": 0.5, "service_restarts": 0, "calls_retried": 0})
+    quiet, noted = capsys.readouterr().out.strip().splitlines()[::-1]
+    assert noted.endswith("| services: 1 restart, 4 calls resent")
+    assert "services" not in quiet
+
+
 def test_a_long_phase_prints_progress_lines_at_the_interval_and_at_its_end(capsys) -> None:
     with report.progress("SFT", 10, interval_s=0.05) as advance:
         for _ in range(10):

@@ -73,3 +73,69 @@ def test_a_child_gets_sigterm_when_its_parent_is_killed(tmp_path):
     if not _exited(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the child outlived its SIGKILLed parent")
+
+
+def _verify_server(tmp_path: Path, restarts: int) -> ChildServer:
+    from rstar2_trainer.placement.local import grpc_healthy
+    from rstar2_trainer.placement.servers import RunToken, console_script
+
+    token = RunToken.create(tmp_path)
+    argv = [*console_script("rstar2-verify"), "serve", "--workers", "1"]
+    server = ChildServer(
+        "verify", argv, health=grpc_healthy, token_file=token.path, restarts=restarts
+    )
+    server.token = token.value  # type: ignore[attr-defined]
+    return server
+
+
+def test_a_killed_verify_server_comes_back_on_its_address_and_calls_are_resent(tmp_path, caplog):
+    """SIGKILL while a client grades in a loop: the watcher starts it again on the same port
+    with the same token, the client's calls that failed meanwhile are sent again, and every
+    grade is the right verdict (none turned into a wrong answer)."""
+    import asyncio
+
+    from rstar2_verify.client import VerifyClient
+
+    server = _verify_server(tmp_path, restarts=2)
+    address = server.start()
+
+    async def grade_through_a_kill() -> tuple[list[bool], int]:
+        client = VerifyClient(address, token=server.token, retry_for_s=60)  # type: ignore[attr-defined]
+        verdicts = []
+        try:
+            for i in range(40):
+                if i == 10:
+                    assert server.pid is not None
+                    os.kill(server.pid, signal.SIGKILL)
+                grades = await client.grade_many([("\\boxed{4}", "4"), ("\\boxed{5}", "4")])
+                verdicts += [g.correct for g in grades]
+                await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+        return verdicts, client.retried
+
+    try:
+        verdicts, retried = asyncio.run(grade_through_a_kill())
+        assert verdicts == [True, False] * 40
+        assert server.restarts_done == 1 and server.address == address and server.alive
+        assert retried >= 1
+        assert f"verify server at {address} exited with code -9; restarted (1 of 2)" in [
+            r.getMessage() for r in caplog.records if r.name == "rstar2_trainer.servers"
+        ]
+        server.check()  # alive again: no error
+    finally:
+        server.stop()
+    assert not server.alive
+
+
+def test_a_server_that_cannot_come_back_is_a_restartable_error(tmp_path):
+    server = _verify_server(tmp_path, restarts=0)
+    server.start()
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ServerError, match="exited with code -9") as caught:
+        server.check()
+    assert caught.value.restartable

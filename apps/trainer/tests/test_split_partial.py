@@ -72,7 +72,7 @@ ENGINE = [  # conftest's VLLM_CPU with two sequences at a time: the trajectories
 ]
 
 
-async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
+async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> dict[str, Any]:
     data = load_run_data(config, resume=False)
     problems = data.prepared.problems
     corpus = tokenizer_corpus(problems, [], config.rollout.system_prompt)
@@ -97,18 +97,23 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
                 actors = [e.inner.actor for e in parts.engines]
                 out["pushed"] = run.weights_version
                 out["dropped"] = list(parts.engines.dropped)
-                out["ranks"] = dict(await policy.group.full_state())
+                out["checks"] = [
+                    await tiny_on_ray.greedy(e, [5, 40, 7, 300], f"final-{k}")
+                    for k, e in enumerate(parts.engines)
+                ]
+                await parts.mover.sleep()  # colocated: the ranks' state back on their devices
+                out["rank_logps"] = [
+                    await tiny_on_ray.rank_logprobs(policy.group, [5, 40, 7, 300], ids)
+                    for ids, _ in out["checks"]
+                ]
                 if config.cluster is not None and config.cluster.colocate:
-                    weights = [a.engine_weights.remote() for a in actors]
                     version = lambda self: self._engine_actor._engine.weights_version  # noqa: E731
                     answered = lambda self: (self.answered, self.answered_asleep)  # noqa: E731
                     out["answered"] = await asyncio.gather(
                         *(a.__ray_call__.remote(answered) for a in actors)
                     )
                 else:
-                    weights = [a.weights.remote() for a in actors]
                     version = lambda self: self._engine.weights_version  # noqa: E731
-                out["engines"] = await asyncio.gather(*weights)
                 out["versions"] = await asyncio.gather(
                     *(a.__ray_call__.remote(version) for a in actors)
                 )
@@ -118,34 +123,37 @@ async def scenario(config: TrainerConfig, run_dir: Any) -> dict[str, Any]:
     return out
 
 
-def _engines_hold_the_final_weights(out: dict[str, Any], tiny_on_ray: Any) -> None:
-    """No engine dropped, one sync a step (no SFT: none before RL), every engine loaded every
-    push, and each holds the ranks' final weights, every tensor."""
+def _engines_hold_the_final_weights(
+    out: dict[str, Any], tiny_on_ray: Any, checkpoints: int = 0
+) -> None:
+    """No engine dropped, one push a step (no SFT: none before RL) plus, where the engines sleep
+    for a checkpoint (colocated), one after each save; every engine loaded every push, and each
+    computes the ranks' final weights (its logprobs of its greedy tokens are the ranks')."""
     assert out["dropped"] == []
-    assert out["pushed"] == len(out["steps"])
+    assert out["pushed"] == len(out["steps"]) + checkpoints
     assert out["versions"] == [out["pushed"]] * 2
-    for engine in out["engines"]:
-        compared = tiny_on_ray.compare(engine, out["ranks"])
-        assert sorted(compared) == sorted(engine)
+    for (_, engine_logps), rank_logps in zip(out["checks"], out["rank_logps"], strict=True):
+        tiny_on_ray.agree(engine_logps, rank_logps)
 
 
 @pytest.fixture(scope="module")
 def record(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = tiny_on_ray.config(SPLIT, engine=ENGINE)
-    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split-partial"))
+    run = lambda c, d: scenario(c, d, tiny_on_ray)  # noqa: E731
+    return tiny_on_ray.run(config, run, tmp_path_factory.mktemp("split-partial"))
 
 
 def test_split_placement_generates_while_the_ranks_train(record, tiny_on_ray):
     steps = record["steps"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     first, second = steps[0], steps[1]
-    assert len(first["batch_ahead"]) == 2 and first["groups_carried"] == 2
-    assert first["groups_drained"] == 0  # no checkpoint, no stage switch after step 1
-    assert second["batch_ahead"] == []  # step 2 trained what step 1 left in the pool
+    assert len(first["drawn"]) == 4 and first["groups_carried"] == 2  # its batch and one ahead
+    assert len(second["drawn"]) == 2  # step 2 trained what step 1 left in the pool (due)
     assert second["staleness_max"] == 1  # ... sampled (at least in part) before step 1's sync
+    assert set(second["groups"]) == set(first["drawn"]) - set(first["groups"])
     for r in steps:
         assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
-        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+        assert r["staleness_max"] <= 1
     assert sum(r["turns_during_train"] for r in steps) > 0  # the engines answered meanwhile
     assert sum(r["tokens_during_train"] for r in steps) >= sum(
         r["turns_during_train"] for r in steps
@@ -156,20 +164,22 @@ def test_split_placement_generates_while_the_ranks_train(record, tiny_on_ray):
 @pytest.fixture(scope="module")
 def colocated(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = tiny_on_ray.config(COLOCATED, engine=ENGINE)
-    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("colocated-partial"))
+    run = lambda c, d: scenario(c, d, tiny_on_ray)  # noqa: E731
+    return tiny_on_ray.run(config, run, tmp_path_factory.mktemp("colocated-partial"))
 
 
 def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, tiny_on_ray):
     steps = colocated["steps"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     first, second = steps[0], steps[1]
-    assert len(first["batch_ahead"]) == 2 and first["groups_carried"] == 2
-    assert second["batch_ahead"] == [] and second["staleness_max"] == 1
+    assert len(first["drawn"]) == 4 and first["groups_carried"] == 2
+    assert len(second["drawn"]) == 2 and second["staleness_max"] == 1
     for r in steps:
         assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
-        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
+        assert r["staleness_max"] <= 1
     assert all(turns > 0 and asleep == 0 for turns, asleep in colocated["answered"])
-    _engines_hold_the_final_weights(colocated, tiny_on_ray)
+    # the engines sleep for each checkpoint (steps 0, 2 and 4) and get the weights back
+    _engines_hold_the_final_weights(colocated, tiny_on_ray, checkpoints=3)
 
 
 @pytest.fixture(scope="module")
@@ -178,11 +188,12 @@ def aborted(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         *ENGINE,
         "curriculum.tiny.steps=[3,1,1]",
         "curriculum.tiny.max_response_tokens=[768,48,48]",
-        "run.checkpoint_every=10",  # no drain inside stage 1: step 2's batch is trained in step 3
+        "run.checkpoint_every=10",  # no checkpoint pause inside stage 1
         "async.at_push=abort",
     ]
     config = tiny_on_ray.config(SPLIT, engine=overrides)
-    return tiny_on_ray.run(config, scenario, tmp_path_factory.mktemp("split-abort"))
+    run = lambda c, d: scenario(c, d, tiny_on_ray)  # noqa: E731
+    return tiny_on_ray.run(config, run, tmp_path_factory.mktemp("split-abort"))
 
 
 def test_split_placement_aborts_turns_at_the_push_and_resumes_them(aborted, tiny_on_ray):
@@ -190,12 +201,10 @@ def test_split_placement_aborts_turns_at_the_push_and_resumes_them(aborted, tiny
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:
         assert r["groups_trained"] == 2 and r["groups_failed"] == 0 and r["failed_jobs"] == 0
-        assert r["staleness_max"] <= 1 and r["groups_dropped_stale"] == 0
-    # step 2 trains the groups step 1 carried (finished by then) and leaves the batch it just
+        assert r["staleness_max"] <= 1
+    # step 2 trains the groups step 1 carried (due by then) and leaves the batch it just
     # submitted running: turns of up to 768 tokens, seconds each, against an update of about
     # one, so they run at step 2's push through the engine actors; each is aborted when its
-    # engine's update begins, resumed on the new weights, and trained in step 3 (the first to
-    # finish are those submitted first). A resumed turn of a batch a drain discards is counted
-    # nowhere, so stage 1 has three steps and no checkpoint.
+    # engine's update begins, resumed on the new weights, and trained in step 3 (due then).
     assert sum(r["turns_resumed"] for r in steps) >= 1
     _engines_hold_the_final_weights(aborted, tiny_on_ray)

@@ -149,7 +149,7 @@ def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path, tiny_r
     problems = load_problems(curriculum_config.source, seed=config["run"]["seed"]).problems
     fresh = Curriculum.from_config(curriculum_config, problems)
     for record in steps[:9]:
-        assert record["batch"] == [p.id for p in fresh.next_batch().problems]
+        assert record["drawn"] == [p.id for p in fresh.next_batch().problems]
         fresh.end_step({})
     assert json.loads((run_dir / "checkpoints" / "step_000012" / "state.json").read_text())
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -224,8 +223,10 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
 
     from rstar2_rollout.engine import SamplingParams
     from rstar2_trainer.config import load_config
+    from rstar2_trainer.placement.channel import ChannelMover
     from rstar2_trainer.placement.cluster import connect, start_engines
     from rstar2_trainer.placement.engines import Engines
+    from rstar2_trainer.placement.ranks import open_train_group
     from rstar2_trainer.training.worker_policy import open_worker_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
@@ -253,13 +254,18 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
 
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        async with open_worker_policy(config, model_dir, pad_id=0) as workers:
+        async with (
+            open_train_group(config, model_dir) as group,
+            open_worker_policy(config, model_dir, pad_id=0, group=group) as workers,
+        ):
             assert workers is not None
             out["metrics"] = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
             out["state"] = dict(await workers.group.full_state())
             (engine,) = await start_engines(config, cluster, model_dir)
             try:
-                out["sync"] = await workers.sync(SimpleNamespace(engines=Engines([engine])))
+                mover = ChannelMover(Engines([engine]), group, bucket_bytes=1 << 20, timeout_s=300)
+                out["sync"] = (await mover.push(workers.weights())).as_metrics()
+                await mover.close()
                 out["tokens"] = (await engine.generate(prompt, greedy, "after")).token_ids
             finally:
                 await engine.close()
@@ -305,6 +311,7 @@ def test_two_workers_take_the_drivers_ppo_style_update(tmp_path):
 
     from rstar2_trainer.config import load_config
     from rstar2_trainer.placement.cluster import connect
+    from rstar2_trainer.placement.ranks import open_train_group
     from rstar2_trainer.training.policy import DriverPolicy
     from rstar2_trainer.training.precision import FP32_CPU
     from rstar2_trainer.training.worker_policy import open_worker_policy
@@ -329,7 +336,10 @@ def test_two_workers_take_the_drivers_ppo_style_update(tmp_path):
     want = asyncio.run(driver.update(kept, advantages, lr=LR, temperature=TEMPERATURE))
 
     async def on_workers() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-        async with open_worker_policy(config, model_dir, pad_id=0) as workers:
+        async with (
+            open_train_group(config, model_dir) as group,
+            open_worker_policy(config, model_dir, pad_id=0, group=group) as workers,
+        ):
             assert workers is not None
             got = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
             return got, dict(await workers.group.full_state())
@@ -357,6 +367,7 @@ def test_two_workers_take_the_drivers_sft_steps(tmp_path):
 
     from rstar2_trainer.config import load_config
     from rstar2_trainer.placement.cluster import connect
+    from rstar2_trainer.placement.ranks import open_train_group
     from rstar2_trainer.training.policy import DriverPolicy
     from rstar2_trainer.training.precision import FP32_CPU
     from rstar2_trainer.training.worker_policy import open_worker_policy
@@ -392,7 +403,10 @@ def test_two_workers_take_the_drivers_sft_steps(tmp_path):
     )
 
     async def on_workers() -> tuple[Any, dict[str, torch.Tensor]]:
-        async with open_worker_policy(workers_config, model_dir, pad_id=0) as workers:
+        async with (
+            open_train_group(workers_config, model_dir) as group,
+            open_worker_policy(workers_config, model_dir, pad_id=0, group=group) as workers,
+        ):
             assert workers is not None
             got = await workers.sft(
                 examples,

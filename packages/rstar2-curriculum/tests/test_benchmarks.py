@@ -51,9 +51,12 @@ def test_a_named_benchmark_from_a_local_copy_uses_its_field_names(tmp_path):
     assert problems[0].question == "AIME problem 0"
 
 
-def test_the_registry_has_the_papers_benchmarks():
-    assert set(BENCHMARKS) == {"aime24", "aime25", "math500", "hmmt_feb25"}
+def test_the_registry_has_the_papers_benchmarks_and_the_new_sets():
+    assert {"aime24", "aime25", "math500", "hmmt_feb25"} <= set(BENCHMARKS)  # the paper's
+    assert {"aime26", "hmmt_feb26", "brumo25", "beyond_aime", "gpqa_diamond"} <= set(BENCHMARKS)
     assert [p.name for p in BENCHMARKS["aime25"].parts] == ["AIME2025-I", "AIME2025-II"]
+    assert BENCHMARKS["gpqa_diamond"].kind == "choice"
+    assert all(b.download for b in BENCHMARKS.values())
 
 
 def test_an_unknown_name_is_one_line_that_lists_the_names():
@@ -105,7 +108,8 @@ def test_offline_hub_is_one_line_that_suggests_a_local_copy(monkeypatch):
     with pytest.raises(BenchmarkError) as error:
         load_benchmark(BenchmarkConfig(name="hmmt_feb25"))
     message = str(error.value)
-    assert message.startswith("cannot load hmmt_feb25") and "--data FILE.jsonl" in message
+    assert message.startswith("cannot load hmmt_feb25") and "--data PATH" in message
+    assert "download huggingface.co/datasets/MathArena/hmmt_feb_2025" in message
     assert "\n" not in message
 
 
@@ -124,3 +128,51 @@ def test_a_benchmark_file_loads_whole_from_jsonl_or_parquet_or_not_at_all(tmp_pa
     twice.write_text("".join(json.dumps({**r, "id": "7"}) + "\n" for r in rows))
     with pytest.raises(BenchmarkError, match="problem id '7' appears twice"):
         load_benchmark_file(twice)
+
+
+def _parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_the_new_maths_sets_load_from_their_published_parquet(tmp_path):
+    # MathArena's columns (problem_idx int64; AIME 2026's answer int64, the others' strings)
+    # and BeyondAIME's (problem, answer; no id: row order).
+    matharena = [{"problem_idx": i + 1, "answer": 100 + i, "problem": f"P{i}"} for i in range(3)]
+    typed = [{**r, "answer": str(r["answer"]), "problem_type": ["Algebra"]} for r in matharena]
+    beyond = [{"problem": f"B{i}", "answer": str(7 * i)} for i in range(2)]
+    for name, rows in (
+        ("aime26", matharena),
+        ("hmmt_feb26", typed),
+        ("brumo25", typed),
+        ("beyond_aime", beyond),
+    ):
+        data = _parquet(tmp_path / f"{name}.parquet", rows)
+        problems = load_benchmark(BenchmarkConfig(name=name, data=str(data)))
+        assert [p.answer for p in problems] == [str(r["answer"]) for r in rows], name
+        assert problems[0].question == rows[0]["problem"]
+    ids = [
+        p.id
+        for p in load_benchmark(
+            BenchmarkConfig(name="aime26", data=str(tmp_path / "aime26.parquet"))
+        )
+    ]
+    assert ids == ["1", "2", "3"]
+    ids = [
+        p.id
+        for p in load_benchmark(
+            BenchmarkConfig(name="beyond_aime", data=str(tmp_path / "beyond_aime.parquet"))
+        )
+    ]
+    assert ids == ["beyond_aime/0", "beyond_aime/1"]
+
+
+def test_a_missing_local_copy_says_what_to_download(tmp_path):
+    with pytest.raises(BenchmarkError) as error:
+        load_benchmark(BenchmarkConfig(name="gpqa_diamond", data=str(tmp_path / "gpqa.csv")))
+    message = str(error.value)
+    assert "no such data file" in message and "Idavidrein/gpqa" in message
+    assert "gpqa_diamond.csv" in message and "\n" not in message

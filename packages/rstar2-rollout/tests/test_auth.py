@@ -37,9 +37,11 @@ SPEC = WeightSpec({"w": TensorInfo("F32", (256, 256)), "b": TensorInfo("BF16", (
 PROBLEM = [RolloutTask("p", "What is 1 + 1?")]
 
 
-async def _produce(problem: RolloutTask, index: int, engine: Engine, sampling: Any) -> Trajectory:
+async def _produce(
+    problem: RolloutTask, index: int, engine: Engine, sampling: Any, request_id: str
+) -> Trajectory:
     traj = Trajectory(group_id=problem.id, sample_index=index, prompt_ids=[1, 2, 3])
-    out = await engine.generate(traj.prompt_ids, SamplingParams(max_tokens=4), f"{problem.id}")
+    out = await engine.generate(traj.prompt_ids, SamplingParams(max_tokens=4), request_id)
     traj.append(out.token_ids, sampled=True, logprobs=out.logprobs)
     traj.finish_reason = "answered"
     return traj

@@ -67,6 +67,53 @@ def test_sampled_logprobs_are_the_tempered_ones_the_trainer_scores(
     assert (torch.tensor(got.logprobs) - untempered).abs().max() > 0.05
 
 
+def _full_distribution(model, prompt, tokens):  # [N, V] log-probabilities at temperature 1
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(tokens)])  # [1, P + N]
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0].float()  # [P + N, V]
+    start = len(prompt) - 1
+    return torch.log_softmax(logits[start : start + len(tokens)], dim=-1)
+
+
+def test_samples_the_whole_distribution_and_reports_the_one_it_sampled(runner, engine, tokenizer):
+    """On the random tiny model (2048 tokens, nearly flat) sampling at temperature 1 lands
+    outside the 50 likeliest tokens as often as the full distribution says (transformers' default
+    top_k of 50 would keep every token inside), and the logprobs are that distribution's; with
+    top_p < 1 every token is in the nucleus and its logprob is renormalised over it."""
+    import torch
+
+    prompt = ChatFormat(tokenizer).prompt_ids("What is 2+2?")
+    outside = expected = variance = 0.0
+    for seed in range(4):
+        params = SamplingParams(max_tokens=60, temperature=1.0, seed=seed, ignore_eos=True)
+        got = runner.run(engine.generate(prompt, params, f"flat{seed}"))
+        full = _full_distribution(engine.model, prompt, got.token_ids)  # [N, V]
+        tokens = torch.tensor(got.token_ids)[:, None]  # [N, 1]
+        top = full.topk(50, dim=-1)
+        p_out = 1 - top.values.exp().sum(-1)  # [N]: the mass outside the top 50
+        outside += float((top.indices != tokens).all(-1).sum())
+        expected += float(p_out.sum())
+        variance += float((p_out * (1 - p_out)).sum())
+        assert torch.tensor(got.logprobs) == pytest.approx(full.gather(1, tokens)[:, 0], abs=1e-4)
+    assert expected > 200  # the model is flat: most of the mass lies outside the top 50
+    assert abs(outside - expected) < 4 * variance**0.5 + 1
+
+    top_p = 0.3
+    params = SamplingParams(max_tokens=60, temperature=1.0, top_p=top_p, seed=9, ignore_eos=True)
+    got = runner.run(engine.generate(prompt, params, "nucleus"))
+    full = _full_distribution(engine.model, prompt, got.token_ids)  # [N, V]
+    probs, order = full.exp().sort(dim=-1, descending=True)  # [N, V]
+    size = (probs.cumsum(-1) < top_p).sum(-1) + 1  # [N]: the smallest set holding top_p
+    for row, token in enumerate(got.token_ids):
+        nucleus = order[row, : size[row]]
+        assert token in nucleus.tolist()
+        mass = float(probs[row, : size[row]].sum())
+        want = float(full[row, token]) - torch.log(torch.tensor(mass)).item()
+        assert got.logprobs[row] == pytest.approx(want, abs=1e-4)
+
+
 def test_update_weights_changes_the_output_and_back(runner, engine, tokenizer, tmp_path):
     import torch
 

@@ -186,6 +186,36 @@ def test_the_loop_on_vllm_and_the_real_sandbox(runner, vllm_engine, sandbox, tok
 
 
 @pytest.mark.slow
+def test_one_problem_in_two_submissions_at_once_fails_no_request(
+    runner, vllm_engine, sandbox, tokenizer
+):
+    """vLLM refuses a request id that is running: two submissions of one problem in flight at
+    once (an asynchronous step drew it again) must send distinct ids, through the real core."""
+    from rstar2_rollout import GradedGroups, one_engine_service
+
+    class Reward:
+        async def score(self, problem, trajectory):
+            trajectory.reward = 0.0
+
+    config = RolloutConfig(n=4, max_turns=2, max_response_tokens=96, seed=3)
+    service = one_engine_service(vllm_engine, sandbox, tokenizer, config)
+
+    async def main():
+        core = GradedGroups(service, Reward())
+        subs = [core.submit([RolloutTask("p", "What is 2 + 2?")], 4, config) for _ in range(2)]
+        for sub in subs:
+            await core.settled(sub)
+        return subs
+
+    try:
+        subs = runner.run(main())
+    finally:
+        runner.run(service.scheduler.close())
+    assert [s.failed_jobs for s in subs] == [[], []]
+    assert [len(s.trajectories) for s in subs] == [4, 4]
+
+
+@pytest.mark.slow
 def test_sleep_0_holds_new_requests_until_wake_up(runner, vllm_engine, tokenizer):
     from rstar2_rollout import SleepingEngine
     from rstar2_rollout.engines.vllm import SleepModeUnavailable

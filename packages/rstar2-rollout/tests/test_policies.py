@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rstar2_rollout.config import ForecastPolicy, SchedulerConfig
+from rstar2_rollout.research.config import ForecastPolicy, ResearchSchedulerConfig
 from rstar2_rollout.research.forecast import lengths
 from rstar2_rollout.research.simulate import (
     EngineModel,
@@ -37,7 +37,7 @@ def spec(key: str, prompt: int, turns: tuple[int, ...]) -> TrajectorySpec:
 
 
 def play(kind: str, engines: list[SimEngine], specs: list[TrajectorySpec]):
-    config = SchedulerConfig.model_validate({"policy": {"kind": kind}})
+    config = ResearchSchedulerConfig.model_validate({"policy": {"kind": kind}})
 
     async def main():
         sched: Scheduler[int] = Scheduler(engines, config)
@@ -77,7 +77,9 @@ def test_forecast_holds_jobs_in_its_queue_until_an_engine_has_room() -> None:
     seen: list[int] = []
 
     async def main():
-        sched: Scheduler[int] = Scheduler([engine], SchedulerConfig(policy=ForecastPolicy()))
+        sched: Scheduler[int] = Scheduler(
+            [engine], ResearchSchedulerConfig(policy=ForecastPolicy())
+        )
 
         async def job(e):
             seen.append(sched.status()[0].running)
@@ -109,7 +111,7 @@ def test_forecast_on_an_engine_that_reports_no_capacity_runs_up_to_its_max_runni
     policy = ForecastPolicy()
 
     async def main():
-        sched: Scheduler[int] = Scheduler([engine], SchedulerConfig(policy=policy))
+        sched: Scheduler[int] = Scheduler([engine], ResearchSchedulerConfig(policy=policy))
         jobs = [
             Job(lambda e, i=i: run_trajectory(e, spec(f"j{i}", 50, (20,))), 50, 100)
             for i in range(7)

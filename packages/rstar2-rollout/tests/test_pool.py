@@ -1,6 +1,7 @@
 """`RolloutPool` on the transformers engine with the tiny model: groups come back whole as they
 finish, the slow one stays in flight across a real weight update and its later turns carry the
-new version, stale groups are dropped and counted, `drain` leaves nothing running.
+new version; a group is never dropped for its staleness but taken when due; submissions start
+only while they fit; a pause holds the next turns and loses nothing; `close` stops everything.
 
 The agent is scripted (how many turns a sample takes, a tool wait between turns) so the long tail
 is known; every turn is a real `generate` on the engine, which tags it with its weights version.
@@ -25,7 +26,7 @@ TOOL_S = 0.25  # the scripted tool's wait between turns
 CONFIG = RolloutConfig(temperature=1.0, max_response_tokens=64, max_turns=8)
 
 
-class Grader:
+class Reward:
     """Reward 1 for every trajectory that has sampled tokens; remembers what it graded."""
 
     def __init__(self) -> None:
@@ -37,30 +38,50 @@ class Grader:
         return trajectory.reward
 
 
+class Counted:
+    """The transformers engine, with the request id of every generation it started."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids: Any, params: SamplingParams, request_id: str) -> Any:
+        self.calls.append(request_id)
+        return await self.engine.generate(prompt_ids, params, request_id)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model) -> Any:
     from transformers import AutoModelForCausalLM
 
     from rstar2_rollout.engines.hf import HFEngine
 
-    return HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model), name="hf-0")
+    return Counted(HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model), name="hf-0"))
 
 
-def _service(engine: Any, tokenizer: Any) -> RolloutService:
-    """A service whose agent takes 4 turns for the last sample of a 'long*' problem, else 1."""
+def _service(engine: Any, tokenizer: Any, cap: int | None = None) -> RolloutService:
+    """A service whose agent takes 4 turns for the last sample of a 'long*' problem, else 1;
+    least_requests with `cap` jobs per engine at most."""
 
     def prompt_ids(problem: RolloutTask) -> list[int]:
         return tokenizer.encode(problem.question)
 
     async def produce(
-        problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
+        problem: RolloutTask,
+        index: int,
+        engine: Engine,
+        sampling: RolloutSampling,
+        request_id: str,
     ) -> Trajectory:
         traj = Trajectory(group_id=problem.id, sample_index=index, prompt_ids=prompt_ids(problem))
         turns = 4 if problem.id.startswith("long") and index == sampling.n - 1 else 1
         for turn in range(turns):
             params = SamplingParams(max_tokens=4, seed=index * 10 + turn)
             out = await engine.generate(
-                traj.prompt_ids + traj.response_ids, params, f"{problem.id}/{index}/{turn}"
+                traj.prompt_ids + traj.response_ids, params, f"{request_id}/{turn}"
             )
             traj.turns += 1
             traj.append(
@@ -72,7 +93,7 @@ def _service(engine: Any, tokenizer: Any) -> RolloutService:
         traj.finish_reason = "answered"
         return traj
 
-    policy = LeastRequestsPolicy(max_running_per_engine=16)
+    policy = LeastRequestsPolicy(max_running_per_engine=cap)
     scheduler: Scheduler[Trajectory] = Scheduler([engine], SchedulerConfig(policy=policy))
     return RolloutService(scheduler, produce, lambda p: len(prompt_ids(p)))
 
@@ -88,18 +109,18 @@ def test_groups_come_back_whole_and_the_slow_one_continues_on_the_new_weights(
 ):
     async def main():
         service = _service(engine, tokenizer)
-        grader = Grader()
-        pool = RolloutPool(service, grader, max_staleness=1)
+        reward = Reward()
+        pool = RolloutPool(service, reward, groups_per_step=2, max_staleness=1)
         try:
             start = engine.weights_version
             pool.submit([RolloutTask("long", "q long"), RolloutTask("a", "q a")], N, CONFIG)
             pool.submit([RolloutTask("b", "q b")], N, CONFIG)
-            first = await pool.next_batch(2, start)
-            carried = (pool.in_flight, pool.waiting)
+            first = await pool.next_batch()
+            carried = pool.in_flight
             version = await _update(engine)
             pool.submit([RolloutTask("c", "q c")], N, CONFIG)
-            second = await pool.next_batch(2, version)
-            return start, first, carried, version, second, pool.in_flight, grader.graded
+            second = await pool.next_batch()
+            return start, first, carried, version, second, pool.in_flight, reward.graded
         finally:
             await pool.close()
             await service.scheduler.close()
@@ -110,9 +131,9 @@ def test_groups_come_back_whole_and_the_slow_one_continues_on_the_new_weights(
     assert [(t.group_id, t.sample_index) for t in first.trajectories][:N] == [
         (first.problems[0].id, i) for i in range(N)
     ]
-    assert len(first.trajectories) == 2 * N and first.carried == 1 and carried == (1, 0)
-    assert first.stale_dropped == 0 and first.failed_jobs == []
-    # after the update: the long group and the new one
+    assert len(first.trajectories) == 2 * N and first.carried == 1 and carried == 1
+    assert first.failed_jobs == [] and first.step_metrics()["groups_trained"] == 2
+    # after the update: the long group (due: started a step ago) and the new one
     assert sorted(p.id for p in second.problems) == ["c", "long"] and left == 0
     slow = [t for t in second.trajectories if t.group_id == "long"][-1]
     sampled = [v for v, m in zip(slow.versions, slow.loss_mask, strict=True) if m]
@@ -125,42 +146,87 @@ def test_groups_come_back_whole_and_the_slow_one_continues_on_the_new_weights(
     assert sorted(graded) == sorted((p, i) for p in ("long", "a", "b", "c") for i in range(N))
 
 
-def test_a_group_older_than_max_staleness_is_dropped_and_counted(runner, engine, tokenizer):
+def test_a_stale_group_is_kept_and_taken_when_due_before_fresher_finished_ones(
+    runner, engine, tokenizer
+):
     async def main():
         service = _service(engine, tokenizer)
-        pool = RolloutPool(service, Grader(), max_staleness=0)
+        pool = RolloutPool(service, Reward(), groups_per_step=1, max_staleness=2)
         try:
             pool.submit([RolloutTask("long", "q"), RolloutTask("a", "q a")], N, CONFIG)
-            first = await pool.next_batch(1, engine.weights_version)
-            version = await _update(engine)
-            second = await pool.next_batch(1, version)  # only the stale long group is left
-            return first, second
+            first = await pool.next_batch()  # "a": the first to finish
+            await _update(engine)
+            pool.submit([RolloutTask("b", "q b")], N, CONFIG)
+            await asyncio.sleep(TOOL_S)  # "b" finishes long before "long" does
+            second = await pool.next_batch()  # "long" is not due yet: the oldest finished
+            await _update(engine)
+            pool.submit([RolloutTask("c", "q c")], N, CONFIG)
+            await asyncio.sleep(TOOL_S)
+            third = await pool.next_batch()  # "long" is due now: waited for, "c" stays
+            return first, second, third, engine.weights_version
         finally:
             await pool.close()
             await service.scheduler.close()
 
-    first, second = runner.run(main())
-    assert [p.id for p in first.problems] == ["a"] and first.carried == 1
-    assert second.problems == [] and second.trajectories == []
-    assert second.stale_dropped == 1 and second.carried == 0
+    first, second, third, version = runner.run(main())
+    assert [p.id for p in first.problems] == ["a"]
+    assert [p.id for p in second.problems] == ["b"]
+    assert [p.id for p in third.problems] == ["long"] and third.carried == 1
+    assert len(third.trajectories) == N  # whole, none dropped, its tokens two versions old
+    assert min(t.oldest_version for t in third.trajectories) == version - 2
 
 
-def test_one_group_per_problem_per_batch_and_drain_stops_everything(runner, engine, tokenizer):
+def test_submissions_start_only_while_they_fit_and_a_pause_holds_the_next_turns(
+    runner, engine, tokenizer
+):
     async def main():
         service = _service(engine, tokenizer)
-        pool = RolloutPool(service, Grader(), max_staleness=2)
+        pool = RolloutPool(service, Reward(), groups_per_step=1, max_staleness=1)
+        try:
+            pool.submit([RolloutTask("long1", "q")], N, CONFIG)
+            pool.submit([RolloutTask("long2", "q")], N, CONFIG)
+            pool.submit([RolloutTask("a", "q a")], N, CONFIG)  # over the capacity of 2
+            counts = (pool.in_flight, pool.queued, pool.room)
+            await asyncio.sleep(TOOL_S / 2)  # every first turn is done, the long ones' tools run
+            async with pool.paused():
+                calls = len(engine.calls)
+                await asyncio.sleep(3 * TOOL_S)  # the tools return: the next turns wait
+                held = len(engine.calls) - calls
+                pending = [[p.id for p in q.problems] for q in pool.pending()]
+            first = await pool.next_batch()  # a long one, then "a" starts
+            second = await pool.next_batch()
+            third = await pool.next_batch()
+            return counts, held, pending, first, second, third
+        finally:
+            await pool.close()
+            await service.scheduler.close()
+
+    counts, held, pending, first, second, third = runner.run(main())
+    assert counts == (2, 1, -1)
+    assert held == 0  # paused: no engine call while the tools of the long samples returned
+    assert pending == [["long1"], ["long2"], ["a"]]
+    longs = [first, second]
+    assert sorted(b.problems[0].id for b in longs) == ["long1", "long2"]
+    assert all(len(b.trajectories) == N and b.trajectories[-1].turns == 4 for b in longs)
+    assert [p.id for p in third.problems] == ["a"] and third.carried == 0
+
+
+def test_one_group_per_problem_per_batch_and_close_stops_everything(runner, engine, tokenizer):
+    async def main():
+        service = _service(engine, tokenizer)
+        pool = RolloutPool(service, Reward(), groups_per_step=2, max_staleness=2)
         try:
             pool.submit([RolloutTask("a", "q a")], N, CONFIG)
             pool.submit([RolloutTask("a", "q a")], N, CONFIG)  # drawn again by a later step
-            once = await pool.next_batch(2, engine.weights_version)
+            once = await pool.next_batch()
             pool.submit([RolloutTask("long1", "q"), RolloutTask("long2", "q")], N, CONFIG)
             await asyncio.sleep(TOOL_S / 2)  # the long samples are running
             running = sum(s.running for s in service.scheduler.status())
-            gone = await pool.drain()
+            gone = await pool.close()
             await asyncio.sleep(0.05)
             after = sum(s.running for s in service.scheduler.status())
-            empty = await pool.next_batch(1, engine.weights_version)
-            return once, running, gone, after, empty, (pool.in_flight, pool.waiting)
+            empty = await pool.next_batch()
+            return once, running, gone, after, empty, (pool.in_flight, pool.queued)
         finally:
             await pool.close()
             await service.scheduler.close()
@@ -177,15 +243,17 @@ def test_submission_order_returns_the_oldest_batch_whole_while_the_next_one_runs
 ):
     async def main():
         service = _service(engine, tokenizer)
-        pool = RolloutPool(service, Grader(), max_staleness=1, order="submission")
+        pool = RolloutPool(
+            service, Reward(), groups_per_step=2, max_staleness=1, order="submission"
+        )
         try:
             pool.submit([RolloutTask("long", "q long"), RolloutTask("a", "q a")], N, CONFIG)
             pool.submit([RolloutTask("b", "q b")], N, CONFIG)  # the next step's batch
-            first = await pool.next_batch(2, engine.weights_version)
-            b_ready = pool.waiting  # "b" finished long before "long" did, and waited
+            first = await pool.next_batch()
+            b_ready = len(pool.core.ready)  # "b" finished long before "long" did, and waited
             pool.submit([RolloutTask("c", "q c")], N, CONFIG)
-            second = await pool.next_batch(2, engine.weights_version)
-            left = (pool.in_flight, pool.waiting)
+            second = await pool.next_batch()
+            left = pool.in_flight + pool.queued
             return first, b_ready, second, left
         finally:
             await pool.close()
@@ -199,6 +267,30 @@ def test_submission_order_returns_the_oldest_batch_whole_while_the_next_one_runs
     assert b_ready == 1 and first.carried == 1
     # the next call stops where "b"'s submission ends (one group), though "c" could follow
     assert [p.id for p in second.problems] == ["b"] and second.carried == 1
-    assert left[0] + left[1] == 1  # "c" is still in the pool for the step after
+    assert left == 1  # "c" is still in the pool for the step after
     with pytest.raises(ValueError, match="order must be"):
-        RolloutPool(None, Grader(), order="random")  # type: ignore[arg-type]
+        RolloutPool(None, Reward(), groups_per_step=1, order="random")  # type: ignore[arg-type]
+
+
+def test_a_pause_holds_no_job_where_the_scheduler_caps_them(runner, engine, tokenizer):
+    """With one job per engine at most, a held job would keep the only place from the
+    evaluation the pause makes room for: the pool's trajectories go on, the evaluation runs."""
+    from rstar2_rollout import collect
+
+    async def main():
+        service = _service(engine, tokenizer, cap=1)
+        pool = RolloutPool(service, Reward(), groups_per_step=1, max_staleness=1)
+        try:
+            pool.submit([RolloutTask("long", "q")], N, CONFIG)
+            await asyncio.sleep(TOOL_S / 2)
+            async with pool.paused():
+                evaluation = collect(service, Reward(), [RolloutTask("e", "q e")], 2, CONFIG)
+                got = await asyncio.wait_for(evaluation, timeout=60)
+            taken = await pool.next_batch()
+            return got, taken
+        finally:
+            await pool.close()
+            await service.scheduler.close()
+
+    got, taken = runner.run(main())
+    assert len(got.trajectories) == 2 and [p.id for p in taken.problems] == ["long"]

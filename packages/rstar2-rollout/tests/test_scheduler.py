@@ -10,14 +10,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rstar2_rollout.config import (
-    KVAwarePolicy,
+from rstar2_rollout.config import KVAwarePolicy, LeastRequestsPolicy, SchedulerConfig
+from rstar2_rollout.engine import Engine, EngineProgress, SamplingParams
+from rstar2_rollout.research.config import (
     KVProgressPolicy,
-    LeastRequestsPolicy,
-    SchedulerConfig,
+    ResearchSchedulerConfig,
     StaticPolicy,
 )
-from rstar2_rollout.engine import Engine, EngineProgress, SamplingParams
 from rstar2_rollout.research.simulate import (
     EngineModel,
     Scenario,
@@ -105,7 +104,7 @@ def test_all_turns_of_a_job_stay_on_one_engine(policy) -> None:
     specs = [spec(f"j{i}", 200 + i, (50, 60, 70), tool=30) for i in range(12)]
 
     async def main() -> None:
-        sched: Scheduler[int] = Scheduler(engines, SchedulerConfig(policy=policy))
+        sched: Scheduler[int] = Scheduler(engines, ResearchSchedulerConfig(policy=policy))
         results = await sched.run(
             [Job(lambda e, s=s: run_trajectory(e, s), s.prompt_tokens, 500) for s in specs]
         )
@@ -130,7 +129,7 @@ def test_all_turns_of_a_job_stay_on_one_engine(policy) -> None:
 def test_static_split_of_a_batch(split: str, want: list[str]) -> None:
     engines = [SimEngine(f"e{i}", EngineModel(kv_tokens=50_000)) for i in range(3)]
     specs = [spec(f"j{i}", 100, (50,)) for i in range(10)]
-    config = SchedulerConfig(policy=StaticPolicy.model_validate({"split": split}))
+    config = ResearchSchedulerConfig(policy=StaticPolicy.model_validate({"split": split}))
 
     async def main() -> tuple[list[str | None], list[str | None]]:
         sched: Scheduler[int] = Scheduler(engines, config)
@@ -154,7 +153,7 @@ def test_kv_aware_never_preempts_where_static_does() -> None:
         engines = [SimEngine(f"e{i}", model) for i in range(2)]
 
         async def main() -> int:
-            sched: Scheduler[int] = Scheduler(engines, SchedulerConfig(policy=policy))
+            sched: Scheduler[int] = Scheduler(engines, ResearchSchedulerConfig(policy=policy))
             jobs = [Job(lambda e, s=s: run_trajectory(e, s), 300, 3_000) for s in specs]
             return sum(r.ok for r in await sched.run(jobs))
 
@@ -271,7 +270,7 @@ def test_a_failed_health_probe_kills_an_engine_whose_jobs_wait_on_tools() -> Non
 
 # ---- kv_progress ---------------------------------------------------------------------------
 
-PROGRESS = SchedulerConfig(policy=KVProgressPolicy())
+PROGRESS = ResearchSchedulerConfig(policy=KVProgressPolicy())
 
 
 class Seen:

@@ -14,14 +14,17 @@ import pytest
 
 from rstar2_rollout import (
     Engine,
-    KVProgressPolicy,
     SamplingParams,
     SchedulerConfig,
-    StaticPolicy,
     VLLMEngineConfig,
     build_engine,
 )
 from rstar2_rollout.engines.vllm import VLLMEngine
+from rstar2_rollout.research.config import (
+    KVProgressPolicy,
+    ResearchSchedulerConfig,
+    StaticPolicy,
+)
 from rstar2_rollout.scheduler import Job, Scheduler
 
 pytestmark = [
@@ -111,7 +114,7 @@ def test_kv_progress_runs_past_the_summed_worst_cases_and_vllm_never_preempts(
     before = small_engine.progress().preemptions
     recomputed = small_engine.progress().recomputed_tokens
     assert before is not None and recomputed is not None
-    finished, most = _run(runner, small_engine, SchedulerConfig(policy=KVProgressPolicy()))
+    finished, most = _run(runner, small_engine, ResearchSchedulerConfig(policy=KVProgressPolicy()))
     assert all(finished)
     assert small_engine.progress().preemptions == before  # vLLM never had to preempt
     assert small_engine.progress().recomputed_tokens == recomputed  # nor to recompute
@@ -119,7 +122,7 @@ def test_kv_progress_runs_past_the_summed_worst_cases_and_vllm_never_preempts(
 
     # the same requests all at once (the static split) overflow the cache: vLLM preempts, and
     # prefills again what the prefix cache no longer holds of the preempted requests
-    finished, _ = _run(runner, small_engine, SchedulerConfig(policy=StaticPolicy()))
+    finished, _ = _run(runner, small_engine, ResearchSchedulerConfig(policy=StaticPolicy()))
     assert all(finished)
     preempted = small_engine.progress().preemptions
     assert preempted is not None and preempted > before

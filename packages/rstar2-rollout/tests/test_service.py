@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from rstar2_rollout.client import RolloutClient, RolloutError
-from rstar2_rollout.config import KVAwarePolicy, KVProgressPolicy, SchedulerConfig
+from rstar2_rollout.config import KVAwarePolicy, SchedulerConfig
 from rstar2_rollout.engine import Engine, SamplingParams
 from rstar2_rollout.loop import RolloutTask
+from rstar2_rollout.research.config import KVProgressPolicy, ResearchSchedulerConfig
 from rstar2_rollout.research.simulate import EngineModel, SimEngine
 from rstar2_rollout.scheduler import Scheduler
 from rstar2_rollout.server import start_server
@@ -38,7 +39,7 @@ def prompt_ids(problem: RolloutTask) -> list[int]:
 
 
 async def produce(
-    problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
+    problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling, request_id: str
 ) -> Trajectory:
     """A scripted agent: 1 + index % 3 turns of generation with a tool call between turns."""
     loop = asyncio.get_running_loop()
@@ -48,7 +49,7 @@ async def produce(
         budget = sampling.max_response_tokens - len(traj.response_ids)
         params = SamplingParams(max_tokens=min(32, budget), seed=sampling.seed)
         out = await engine.generate(
-            traj.prompt_ids + traj.response_ids, params, f"{problem.id}-{index}/{turn}"
+            traj.prompt_ids + traj.response_ids, params, f"{request_id}/{turn}"
         )
         if out.finish_reason == "error":
             raise RuntimeError(out.error)
@@ -125,7 +126,7 @@ def test_jobs_wait_for_kv_and_info_reports_it(policy) -> None:
         return before, first, during, rest
 
     before, first, during, rest = with_worker(
-        body, model=tight, config=SchedulerConfig(policy=policy)
+        body, model=tight, config=ResearchSchedulerConfig(policy=policy)
     )
     assert before.policy == policy.kind
     assert [(e.name, e.healthy, e.running) for e in before.engines] == [

@@ -8,13 +8,9 @@ import time
 
 import pytest
 
-from rstar2_rollout.config import (
-    KVAwarePolicy,
-    LeastRequestsPolicy,
-    SchedulerConfig,
-    StaticPolicy,
-)
+from rstar2_rollout.config import KVAwarePolicy, LeastRequestsPolicy, SchedulerConfig
 from rstar2_rollout.engine import SamplingParams
+from rstar2_rollout.research.config import ResearchSchedulerConfig, StaticPolicy
 from rstar2_rollout.research.simulate import (
     EngineModel,
     Scenario,
@@ -91,14 +87,14 @@ def test_static_split_overflows_a_tight_cache_and_recomputes() -> None:
         engines=2, prompts=16, samples_per_prompt=8, engine=EngineModel(kv_tokens=40_000)
     )
     kv = simulate(tight, SchedulerConfig(policy=KVAwarePolicy()), seed=1)
-    static = simulate(tight, SchedulerConfig(policy=StaticPolicy()), seed=1)
+    static = simulate(tight, ResearchSchedulerConfig(policy=StaticPolicy()), seed=1)
     assert kv.preemption_events == 0 and kv.recomputed_tokens == 0
     assert static.preemption_events > 0 and static.recomputed_tokens > 0
     assert kv.decoded_tokens == static.decoded_tokens  # the same work, placed differently
 
 
 def test_a_turn_barrier_only_adds_waiting() -> None:
-    cfg = SchedulerConfig(policy=StaticPolicy())
+    cfg = ResearchSchedulerConfig(policy=StaticPolicy())
     free = simulate(SMALL, cfg, seed=2)
     synced = simulate(SMALL, cfg, seed=2, turn_barrier=True)
     assert synced.makespan_s > free.makespan_s
@@ -155,7 +151,7 @@ def test_no_policy_beats_the_makespan_lower_bound(policy) -> None:
     tight = dataclasses.replace(SMALL, engine=EngineModel(kv_tokens=20_000))
     for scenario in (SMALL, tight):
         bound = makespan_lower_bound(scenario, seed=5)
-        result = simulate(scenario, SchedulerConfig(policy=policy), seed=5)
+        result = simulate(scenario, ResearchSchedulerConfig(policy=policy), seed=5)
         assert 0 < bound.makespan_s <= result.makespan_s
 
 

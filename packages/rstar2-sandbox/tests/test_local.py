@@ -67,12 +67,50 @@ def test_exits(runner, sandbox):
 
 
 def test_timeout_kills_and_reports(runner, sandbox, descendants):
+    """An endless loop is stopped when it has used its limit in CPU time (on a busy host that
+    takes longer than the limit in wall time); a sleeping call when it has slept it."""
     start = time.monotonic()
     r = run(runner, sandbox, "print('started', flush=True)\nwhile True: pass", timeout_s=0.5)
     assert r.status is S.TIMEOUT and r.stdout == "started\n"
-    assert 0.5 <= r.wall_s < 1.5 and time.monotonic() - start < 3
+    assert r.message.startswith("time limit of 0.5 s reached (CPU time)"), r.message
+    assert 0.45 <= r.cpu_s < 1.0 and time.monotonic() - start < 15
+    r = run(
+        runner, sandbox, "import time\nprint('nap', flush=True)\ntime.sleep(100)", timeout_s=0.5
+    )
+    assert (r.status, r.stdout) == (S.TIMEOUT, "nap\n")
+    assert "(running, sleeping or blocked)" in r.message and 0.5 <= r.wall_s < 2.0
     for _, zygote in sandbox.worker_processes():
         assert descendants(zygote) == []
+
+
+PIN = "import os\nos.sched_setaffinity(0, {0})\n"  # every call on one core: a known share
+BURN = (
+    PIN
+    + "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3:\n    pass\nprint('done')"
+)
+
+
+def test_a_call_slowed_by_its_neighbours_is_not_timed_out(runner, sandbox):
+    """0.3 s of CPU under a 0.5 s limit, sharing one core with five endless loops: it needs
+    about 1.8 s of wall time and must come back ok (a wall-clock limit would time it out)."""
+
+    async def scenario():
+        loops = [
+            asyncio.create_task(
+                sandbox.execute(ExecutionRequest(code=PIN + "while True: pass", timeout_s=30))
+            )
+            for _ in range(5)
+        ]
+        await asyncio.sleep(0.2)  # the loops are running
+        heavy = await sandbox.execute(ExecutionRequest(code=BURN, timeout_s=0.5))
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        return heavy
+
+    heavy = runner.run(scenario())
+    assert (heavy.status, heavy.stdout) == (S.OK, "done\n"), heavy.message
+    assert heavy.cpu_s < 0.5 < heavy.wall_s  # slowed past its limit, and within it alone
 
 
 def test_queue_wait_is_never_a_timeout(runner):

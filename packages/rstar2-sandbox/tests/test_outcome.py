@@ -34,10 +34,21 @@ def _exited(code: int) -> int:
         (_outcome(None, _exited(0), out=b"x" * 10, sizes=(100, 0)), "output_truncated"),
         (_outcome({"exc_type": "KeyError"}, _exited(1), out=b"x" * 10, sizes=(100, 0)), "error"),
         (_outcome(None, status=signal.SIGKILL, killed="cancelled"), "rejected"),
+        (_outcome(None, status=signal.SIGKILL, killed="starved"), "sandbox_error"),
     ],
 )
 def test_status_precedence(outcome, status):
     assert classify(outcome)["status"] == status
+
+
+def test_a_kill_says_which_limit_and_a_starved_call_is_the_sandboxs_fault():
+    spent = Outcome(None, signal.SIGKILL, "timeout", 10, b"", b"", 0, 0,
+                    kill_message="time limit of 1 s reached (CPU time)")  # fmt: skip
+    assert classify(spent)["message"].startswith("time limit of 1 s reached (CPU time)")
+    starved = Outcome(None, signal.SIGKILL, "starved", 10, b"", b"", 0, 0,
+                      kill_message="sandbox: the host was too busy: ...")  # fmt: skip
+    assert classify(starved)["status"] == "sandbox_error"
+    assert classify(starved)["message"].startswith("sandbox: the host was too busy")
 
 
 def test_exit_code_of_a_signal_is_negative():

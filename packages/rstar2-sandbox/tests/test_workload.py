@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 from collections import Counter
 
+import pytest
+
 from rstar2_sandbox import ExecutionResult, ExecutionStatus
-from rstar2_sandbox.workload import make_workload
+from rstar2_sandbox.workload import _cpu, make_workload
 
 
 def test_same_seed_same_jobs_and_the_mix_is_as_specified():
@@ -15,9 +18,29 @@ def test_same_seed_same_jobs_and_the_mix_is_as_specified():
     assert jobs[:100] == make_workload(100, "standard", seed=3)
     assert jobs[:100] != make_workload(100, "standard", seed=4)
     share = {k: v / len(jobs) for k, v in Counter(j.kind for j in jobs).items()}
-    for kind, expected in {"short": 0.70, "raise": 0.15, "loop": 0.10, "heavy": 0.05}.items():
+    mix = {"short": 0.65, "raise": 0.15, "loop": 0.10, "heavy": 0.05, "cpu": 0.05}
+    for kind, expected in mix.items():
         assert abs(share[kind] - expected) < 0.04, (kind, share[kind])
-    assert "loop" not in {j.kind for j in make_workload(200, "no_loops", seed=3)}
+    assert {j.kind for j in make_workload(200, "no_loops", seed=3)} == {"short", "raise", "heavy"}
+
+
+@pytest.mark.slow
+def test_the_cpu_calls_answers_match_plain_python():
+    """One call of each kind that takes real CPU and whose answer the bench computes another
+    way (sympy solve twice, integrate, a sieve), run with exec here: the cheap expectations must
+    be what the code prints. (The numpy call prints its own check; here, outside the sandbox's
+    one BLAS thread, it would cost seconds.)"""
+    rng, firsts = random.Random(5), {}
+    while len(firsts) < 5:
+        code, stdout = _cpu(rng)
+        firsts.setdefault(code.split("\n")[-1][:24], (code, stdout))
+    for code, stdout in firsts.values():
+        if "numpy" in code:
+            continue
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(code, {"__name__": "__main__"})
+        assert out.getvalue() == stdout, code
 
 
 def test_expected_answers_match_plain_python():

@@ -2,8 +2,10 @@
 
 Both runs must be finished (have `summary.json`); comparing a half-done run would compare
 different problem sets. Per-problem differences are in pass rate (c/n); problems only one run
-has are listed apart. Not covered: statistical significance (the per-problem table is the raw
-material for a paired test).
+has are listed apart. Two suite runs (`suite.json`, e.g. the paper's suite on the SFT model and
+on the RL model) compare benchmark by benchmark (`compare_suites`), whichever suites they ran:
+the benchmarks both have, and those only one has. Not covered: statistical significance (the
+per-problem table is the raw material for a paired test).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from rstar2_evaluator.metrics import Summary
 from rstar2_evaluator.store import SUMMARY, RunError
+from rstar2_evaluator.suite import SUITE_FILE, SuiteResult
 
 
 class ProblemDiff(BaseModel):
@@ -107,4 +110,63 @@ def compare_runs(a: str | Path, b: str | Path) -> Comparison:
         problems=problems,
         only_a=[pid for pid in by_a if pid not in by_b],
         only_b=[pid for pid in by_b if pid not in by_a],
+    )
+
+
+class SuiteRowDiff(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    benchmark: str
+    label: str
+    metric: str
+    a: float
+    b: float
+
+
+class SuiteComparison(BaseModel):
+    """Two suite runs, benchmark by benchmark."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    a: str
+    b: str
+    rows: list[SuiteRowDiff]
+    only_a: list[str]
+    only_b: list[str]
+
+
+def is_suite_run(run: str | Path) -> bool:
+    return (Path(run) / SUITE_FILE).is_file()
+
+
+def read_suite(run: str | Path) -> SuiteResult:
+    path = Path(run) / SUITE_FILE
+    if not path.is_file():
+        raise RunError(f"{run} is not a finished suite run (no {SUITE_FILE}); rerun it to resume")
+    return SuiteResult.model_validate_json(path.read_text())
+
+
+def compare_suites(a: str | Path, b: str | Path) -> SuiteComparison:
+    """Line up two suite runs by benchmark."""
+    rows_a = {r.benchmark: r for _, rows in read_suite(a).tables for r in rows}
+    rows_b = {r.benchmark: r for _, rows in read_suite(b).tables for r in rows}
+    both = [name for name in rows_b if name in rows_a]
+    mismatched = [n for n in both if rows_a[n].metric != rows_b[n].metric]
+    if mismatched:
+        raise RunError(f"{', '.join(mismatched)}: the two runs report different metrics")
+    return SuiteComparison(
+        a=str(a),
+        b=str(b),
+        rows=[
+            SuiteRowDiff(
+                benchmark=n,
+                label=rows_b[n].label,
+                metric=rows_b[n].metric,
+                a=rows_a[n].score,
+                b=rows_b[n].score,
+            )
+            for n in both
+        ],
+        only_a=[rows_a[n].label for n in rows_a if n not in rows_b],
+        only_b=[rows_b[n].label for n in rows_b if n not in rows_a],
     )

@@ -59,6 +59,11 @@ class LocalModel(_Frozen):
     kv_cache_gib: float = Field(
         default=4.0, gt=0, description="vLLM's KV-cache size in GiB (engine.kv_cache_memory_bytes)."
     )
+    base: str | None = Field(
+        default=None,
+        description="For a LoRA adapter folder (adapter_config.json): its base model's folder; "
+        "None: the adapter_config.json's base_model_name_or_path.",
+    )
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -122,10 +127,67 @@ class EndpointModel(_Frozen):
 ModelConfig = Annotated[LocalModel | EndpointModel, Field(discriminator="kind")]
 
 
+class JudgeConfig(_Frozen):
+    """The judge of pairwise benchmarks (Arena-Hard): an OpenAI-compatible chat endpoint."""
+
+    url: str = Field(
+        default="", description="Base URL, e.g. https://api.openai.com/v1; empty: no judge."
+    )
+    model: str = Field(default="", description="The judge model's name at that endpoint.")
+    api_key: str = Field(
+        default="",
+        exclude=True,
+        repr=False,
+        description="Bearer token; rstar2-eval reads it from the variable api_key_env, and it "
+        "is never written to disk.",
+    )
+    api_key_env: str = Field(
+        default="OPENAI_API_KEY", description="The environment variable holding the key."
+    )
+    timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout.")
+    concurrency: int = Field(default=16, gt=0, description="Judge requests in flight at once.")
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="The judge's reply budget; None: the benchmark's own (arena-hard-auto's "
+        "4096 for v0.1, 16000 for v2).",
+    )
+    published: str | None = Field(
+        default=None,
+        description="Arena-Hard: the judge folder under the data's model_judgment/ whose "
+        "published judgments (other models, same judge) join the style-controlled fit, as "
+        "arena-hard-auto fits every model together; None: model_judgment/<judge.model>/ when "
+        "the data has it; empty: none (the run's model is fitted alone: its win probability at "
+        "its own average style, not comparable with a leaderboard).",
+    )
+
+
+class CodeSettings(_Frozen):
+    """LiveCodeBench: which problems, and how each test runs in the sandbox."""
+
+    release: str = Field(
+        default="release_v6",
+        description="The files of a --data folder: release_vN (test.jsonl .. testN.jsonl, as "
+        "LiveCodeBench) or vN (testN.jsonl alone).",
+    )
+    start_date: str = Field(
+        default="", description="Keep problems whose contest date is on or after this (YYYY-MM-DD)."
+    )
+    end_date: str = Field(
+        default="", description="Keep problems whose contest date is before this (YYYY-MM-DD)."
+    )
+    timeout_s: float = Field(default=6.0, gt=0, description="Wall limit of one test's run.")
+    tests_at_once: int = Field(
+        default=8, gt=0, description="Tests of one sample run at once (it stops at a failure)."
+    )
+
+
 def _tool_spelling(data: Any) -> Any:
-    """The evaluator's old tool spellings, mapped to rstar2-sandbox's backends:
-    `{kind: grpc, address: "a,b"}` is `{kind: remote, addresses: [a, b]}`, and the limits of
-    `{kind: local, sandbox: {...}}` are the top-level `sandbox` section."""
+    """The evaluator's tool spellings: `tool=false` (or true) is `use_tool`; the old
+    `{kind: grpc, address: "a,b"}` is rstar2-sandbox's `{kind: remote, addresses: [a, b]}`, and
+    the limits of `{kind: local, sandbox: {...}}` are the top-level `sandbox` section."""
+    if isinstance(data, dict) and isinstance(data.get("tool"), bool):
+        data = {k: v for k, v in data.items() if k != "tool"} | {"use_tool": data["tool"]}
     if not isinstance(data, dict) or not isinstance(data.get("tool"), dict):
         return data
     tool = dict(data["tool"])
@@ -176,6 +238,11 @@ class EvalConfig(SamplingProtocol):
     tool_timeout_s: float | None = Field(
         default=None, gt=0, description="Wall limit of one tool call; None: the sandbox's default."
     )
+    use_tool: bool = Field(
+        default=True,
+        description="Offer the Python tool (`tool=false` for short): false evaluates the same "
+        "model without it (the prompt offers no tool and a tool call is text).",
+    )
     tool: SandboxBackendConfig = Field(
         default_factory=LocalSandboxConfig,
         description="Where tool calls run (rstar2-sandbox's backends): local (in this process), "
@@ -185,6 +252,12 @@ class EvalConfig(SamplingProtocol):
         default_factory=SandboxConfig, description="Per-call limits of the tool."
     )
     verify: VerifyConfig = Field(default_factory=VerifyConfig, description="Answer grading.")
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="The judge of pairwise benchmarks (Arena-Hard)."
+    )
+    code: CodeSettings = Field(
+        default_factory=CodeSettings, description="LiveCodeBench's problems and test runs."
+    )
     reward: RewardConfig = Field(
         default=FREE_FORM,
         description="What is graded: the whole response by default (any model's free-form "
@@ -200,19 +273,31 @@ class EvalConfig(SamplingProtocol):
         return _tool_spelling(data)
 
     def identity(self) -> dict[str, Any]:
-        """What makes two runs the same evaluation (a resume must match it)."""
+        """What makes two runs the same evaluation (a resume must match it). The settings that
+        only some benchmarks read join it where they differ from their defaults, so a run
+        directory written before they existed still resumes."""
         keep = ("model", "benchmark", "samples", "temperature", "top_p", "max_turns")
         tail = ("max_response_tokens", "seed", "system_prompt", "reward")
-        dumped = self.model_dump(mode="json", include={*keep, *tail})
-        return {key: dumped[key] for key in (*keep, *tail)}
+        dumped = self.model_dump(mode="json", include={*keep, *tail, "use_tool", "code"})
+        identity = {key: dumped[key] for key in (*keep, *tail)}
+        if not self.use_tool:
+            identity["use_tool"] = False
+        if self.code != CodeSettings():
+            identity["code"] = dumped["code"]
+        if self.judge.url:
+            identity["judge"] = {"url": self.judge.url, "model": self.judge.model}
+        return identity
+
+    def model_label(self) -> str:
+        """The model's short name: its folder's name, or the endpoint's served model name."""
+        model = self.model.path if isinstance(self.model, LocalModel) else self.model.model
+        return Path(model.rstrip("/")).name or "endpoint"
 
     def run_dir(self) -> Path:
         if self.out:
             return Path(self.out)
-        model = self.model.path if isinstance(self.model, LocalModel) else self.model.model
-        label = Path(model.rstrip("/")).name or "endpoint"
         bench = Path(self.benchmark.name).stem
-        return Path("runs") / "eval" / f"{bench}-{label}"
+        return Path("runs") / "eval" / f"{bench}-{self.model_label()}"
 
 
 def configs() -> list[str]:

@@ -15,6 +15,9 @@ Definitions (n samples of one problem, c of them correct):
 - tool calls per problem: the mean over problems of the mean tool calls per sample.
 - tool-error ratio: non-`ok` tool calls (error, timeout, parse_error) over all tool calls.
 - finish reasons: counts per reason over samples.
+- the headline: `metric` names it and `score` is its value; `pass@1` (the above) for benchmarks
+  graded by answer, else the key a reference checker names among its `metrics` (IFEval's
+  `prompt_strict`, ...), which `summarize` is handed already computed.
 
 Not covered: grading (rstar2-verify decides `correct`) and reading or writing samples (`store.py`).
 """
@@ -71,6 +74,13 @@ class Summary(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    benchmark: str = Field(default="", description="The benchmark's name (or its file's stem).")
+    metric: str = Field(default="pass@1", description="The headline metric's name.")
+    score: float = Field(default=0.0, description="The headline metric's value, in [0, 1].")
+    n: int = Field(default=0, description="Problems scored.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="A reference checker's metrics (empty for answers)."
+    )
     problems: int
     samples: int = Field(description="Samples in all.")
     samples_per_problem: int = Field(description="n, the same for every problem.")
@@ -102,8 +112,16 @@ def group_by_problem(records: Iterable[SampleRecord]) -> dict[str, list[SampleRe
     return dict(groups)
 
 
-def summarize(records: Iterable[SampleRecord], ks: Sequence[int] = (1, 2, 4, 8, 16)) -> Summary:
-    """All metrics of a finished run; every problem must have the same number of samples."""
+def summarize(
+    records: Iterable[SampleRecord],
+    ks: Sequence[int] = (1, 2, 4, 8, 16),
+    *,
+    benchmark: str = "",
+    metric: str = "pass@1",
+    checked: dict[str, float] | None = None,
+) -> Summary:
+    """All metrics of a finished run; every problem must have the same number of samples.
+    `checked`: a reference checker's metrics, of which `metric` is the headline."""
     groups = group_by_problem(records)
     if not groups:
         raise ValueError("no samples to summarise")
@@ -141,11 +159,20 @@ def summarize(records: Iterable[SampleRecord], ks: Sequence[int] = (1, 2, 4, 8, 
         outcomes.update(record.tool_calls)
     calls = sum(outcomes.values())
     failed = calls - outcomes.get("ok", 0)
+    pass_at_1 = _mean(p.correct / n for p in per_problem)
+    checked = dict(checked or {})
+    if metric != "pass@1" and metric not in checked:
+        raise ValueError(f"the headline metric {metric!r} is not among {sorted(checked)}")
     return Summary(
+        benchmark=benchmark,
+        metric=metric,
+        score=checked.get(metric, pass_at_1),
+        n=len(groups),
+        metrics=checked,
         problems=len(groups),
         samples=len(all_samples),
         samples_per_problem=n,
-        pass_at_1=_mean(p.correct / n for p in per_problem),
+        pass_at_1=pass_at_1,
         pass_at_k={f"pass@{k}": _mean(pass_k[k]) for k in ks},
         maj_at_k={f"maj@{k}": _mean(maj_k[k]) for k in ks},
         mean_response_tokens=_mean(r.response_tokens for r in all_samples),

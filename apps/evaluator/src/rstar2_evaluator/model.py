@@ -5,8 +5,12 @@ endpoint does not answer, so that an evaluation never opens its run directory fo
 cannot reach. The engines themselves are rstar2-rollout's (`EngineConfig`, built by
 `build_engine`): for a local folder, `model.engine` (auto: vLLM in-process where it is installed,
 else transformers) with the folder, the context, the seed and the KV size filled in where it
-leaves them unset; the OpenAI-compatible HTTP engine for an endpoint. Not covered: starting a
-server for the model.
+leaves them unset; the OpenAI-compatible HTTP engine for an endpoint. A LoRA adapter folder
+(PEFT's `adapter_config.json`, as `rstar2-train` writes a LoRA policy) is evaluated as its base
+with the adapter merged (`merged_adapter`: PEFT's `merge_and_unload`, written once into a
+folder of the temporary directory named after the adapter's and the base's paths and times),
+so every engine runs it; its base is `model.base` or the adapter's `base_model_name_or_path`.
+Not covered: starting a server for the model.
 """
 
 from __future__ import annotations
@@ -111,6 +115,10 @@ def check_model(config: EvalConfig) -> tuple[EngineConfig, int | None]:
             max_connections=config.concurrency,
         )
         return engine, None
+    if (Path(model.path) / "adapter_config.json").is_file():  # a LoRA adapter: merged onto its base
+        _check_system_prompt(Path(model.path), config.system_prompt)
+        merged = merged_adapter(Path(model.path), model.base)
+        model = model.model_copy(update={"path": str(merged)})
     if not (Path(model.path) / "config.json").is_file():
         raise ModelError(
             f"{model.path} is not a model folder (no config.json); give a Hugging Face-format "
@@ -126,6 +134,42 @@ def check_model(config: EvalConfig) -> tuple[EngineConfig, int | None]:
         kv_cache_memory_bytes=int(model.kv_cache_gib * (1 << 30)),
     )
     return filled, context
+
+
+def merged_adapter(folder: Path, base: str | None = None) -> Path:
+    """The base model with the LoRA adapter in `folder` merged, as a model folder (module
+    docstring); ModelError when the base cannot be found."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    settings = json.loads((folder / "adapter_config.json").read_text())
+    base = base or settings.get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise ModelError(
+            f"{folder} is a LoRA adapter whose base model folder {base!r} is missing; "
+            "set model.base=FOLDER"
+        )
+    weights = folder / "adapter_model.safetensors"
+    stamp = f"{folder.resolve()}|{weights.stat().st_mtime_ns}|{Path(base).resolve()}"
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"rstar2-merged-{key}"
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)  # type: ignore[union-attr]
+    tokenizer_dir = folder if (folder / "tokenizer_config.json").is_file() else Path(base)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def _auto_engine() -> EngineConfig:

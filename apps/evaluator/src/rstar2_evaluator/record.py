@@ -8,6 +8,8 @@ summarised (`metrics.py`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -31,6 +33,18 @@ class SampleRecord(BaseModel):
     )
     seconds: float = Field(default=0.0, ge=0, description="Wall time of the sample.")
     response: str = Field(default="", description="The decoded response text.")
+    score: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="A reference checker's score of the sample (IFEval, BFCL, ...); None: the "
+        "grade alone (maths, choices).",
+    )
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the sample saw and how it was scored: a choice's option order, a "
+        "checker's verdict details.",
+    )
 
     @property
     def key(self) -> tuple[str, int]:

@@ -1,6 +1,10 @@
-"""What a person sees on the terminal: the summary table, the comparison, the progress bar.
+"""What a person sees on the terminal: the summary table, the comparison, a suite's tables in the
+paper's layout, the progress bar.
 
-Rendering only (rich); the numbers come from `metrics.py` and `compare.py`. The progress bar
+Rendering only (rich); the numbers come from `metrics.py`, `compare.py` and `suite.py`. A suite
+table is the paper's: a column per benchmark, this run's row first (percent, one decimal),
+then a row per reported model marked "(reported)", "-" where a number is not reported. Two
+suite runs side by side read as the paper's Table 5: "B (A)" per benchmark. The progress bar
 shows samples done out of samples to do, samples per second over the run, the running pass@1
 of the samples finished so far, and the time left.
 """
@@ -21,8 +25,9 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from rstar2_evaluator.compare import Comparison, headline
+from rstar2_evaluator.compare import Comparison, SuiteComparison, headline
 from rstar2_evaluator.metrics import Summary
+from rstar2_evaluator.suite import SuiteResult
 
 _COUNTS = {"mean response tokens", "mean sampled tokens"}
 
@@ -41,6 +46,11 @@ def summary_table(summary: Summary, title: str) -> Group:
     metrics.add_column("metric")
     metrics.add_column("value", justify="right")
     metrics.add_row("problems x samples", f"{summary.problems} x {summary.samples_per_problem}")
+    if summary.metric != "pass@1" or summary.metrics:
+        metrics.add_row(f"[bold]{summary.metric}[/bold]", f"{100 * summary.score:.1f}%")
+        for name, value in summary.metrics.items():
+            if name != summary.metric:
+                metrics.add_row(name, f"{100 * value:.1f}%")
     for name, value in headline(summary):
         metrics.add_row(name, _fmt(name, value))
     counts = Table(show_header=True)
@@ -85,6 +95,49 @@ def comparison_tables(cmp: Comparison, limit: int = 20) -> Group:
     if cmp.only_a or cmp.only_b:
         parts.append(Text(f"only in A: {len(cmp.only_a)} problems; only in B: {len(cmp.only_b)}"))
     return Group(*parts)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def suite_tables(result: SuiteResult) -> Group:
+    """A suite run's tables in the paper's layout, beside the reported numbers."""
+    parts: list[Table | Text] = []
+    for title, rows in result.tables:
+        table = Table(title=title, title_justify="left")
+        table.add_column("model")
+        for row in rows:
+            table.add_column(row.label, justify="right")
+        table.add_row(result.model, *(_pct(100 * row.score) for row in rows))
+        for column in result.reported:
+            table.add_row(f"{column} (reported)", *(_pct(row.reported.get(column)) for row in rows))
+        parts.append(table)
+        metrics = ", ".join(
+            f"{row.label}: {row.metric} over {row.n} x {row.samples_per_problem}" for row in rows
+        )
+        parts.append(Text(metrics, style="dim"))
+    return Group(*parts)
+
+
+def suite_comparison_table(cmp: SuiteComparison) -> Table:
+    """Two suite runs per benchmark, as the paper's Table 5 reads: "B (A)" and the change."""
+    table = Table(title=f"A = {cmp.a}\nB = {cmp.b}", title_justify="left")
+    for column in ("benchmark", "metric", "B (A)", "B - A"):
+        table.add_column(column, justify="left" if column in ("benchmark", "metric") else "right")
+    for row in cmp.rows:
+        delta = 100 * (row.b - row.a)
+        table.add_row(
+            row.label,
+            row.metric,
+            f"{100 * row.b:.1f} ({100 * row.a:.1f})",
+            f"{delta:+.1f}",
+        )
+    for label in cmp.only_a:
+        table.add_row(label, "", "only in A", "")
+    for label in cmp.only_b:
+        table.add_row(label, "", "only in B", "")
+    return table
 
 
 class RateColumn(ProgressColumn):

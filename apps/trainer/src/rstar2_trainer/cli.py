@@ -9,8 +9,12 @@ A user mistake (an unknown recipe, a wrong key or value, a run directory that is
 that cannot be read: a missing file, missing fields, a missing extra) is one line on stderr (each
 of several wrong keys or values a line of its own) and exit code 2, never a traceback; the data
 is read before the run directory is made, so a mistake leaves nothing behind. A service that
-fails (a port in use, a server that dies, a Ray cluster without room for the run) is one line
-and exit code 1; the run can then be resumed.
+fails (a port in use, a server that dies for good, a Ray cluster without room for the run) or a
+checkpoint the disk refuses is one line and exit code 1; the run can then be resumed. A training
+rank that dies (with colocated engines: also its engine's actor) stops the run within the step,
+with one line that names the rank and the `--resume` command (`stop_line`), exit code 1; so does
+a run whose every engine is gone. A SIGTERM stops the run at a safe point with a checkpoint
+(preempt.py): exit code 0 and the resume command; a second SIGTERM ends it at once.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from rstar2_trainer.config import (
     validate_config,
 )
 from rstar2_trainer.placement.servers import ServerError
+from rstar2_trainer.preempt import Preempted
 from rstar2_trainer.rundir import new_run_dir, write_config
 from rstar2_trainer.rundir.origin import parse_init_from, resolve_origin
 
@@ -58,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         "--to", metavar="OUT", help="with --export: where (default: RUN_DIR/policy_step_N)"
     )
     parser.add_argument(
+        "--merged",
+        action="store_true",
+        help="with --export of a LoRA run: the base with the adapter merged (a model folder), "
+        "not the adapter folder",
+    )
+    parser.add_argument(
         "--init-from",
         metavar="RUN_DIR[:STEP]",
         help="a new run (this recipe and overrides) from RUN_DIR's checkpoint STEP (default: "
@@ -81,7 +92,8 @@ def _export(args: argparse.Namespace) -> int:
     from rstar2_trainer.rundir.export import export_checkpoint
 
     run_dir = Path(args.export)
-    out = export_checkpoint(run_dir, args.step, Path(args.to) if args.to else None)
+    to = Path(args.to) if args.to else None
+    out = export_checkpoint(run_dir, args.step, to, merged=args.merged)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     style = config.get("rollout", {}).get("system_prompt", "paper")
     print(f"wrote {out}")
@@ -117,8 +129,8 @@ def _resolve(args: argparse.Namespace) -> tuple[TrainerConfig, Path | None, bool
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # overrides may follow options
     try:
-        if (args.step is not None or args.to) and not args.export:
-            raise ConfigError("--step and --to go with --export RUN_DIR")
+        if (args.step is not None or args.to or args.merged) and not args.export:
+            raise ConfigError("--step, --to and --merged go with --export RUN_DIR")
         if args.init_include and not args.init_from:
             raise ConfigError("--init-include goes with --init-from RUN_DIR[:STEP]")
         if args.export:
@@ -159,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         write_reports(data, run_dir)
     from rstar2_sandbox import SandboxStartError
     from rstar2_trainer.placement.cluster import ClusterError
+    from rstar2_trainer.placement.engines import EngineError
     from rstar2_trainer.rundir.logs import quiet
+    from rstar2_trainer.rundir.manifest import CheckpointError
     from rstar2_trainer.train import run
+    from rstar2_trainer.training.train_workers import RankError
 
     try:
         with quiet(run_dir, config.run.log_level):  # the libraries' logs to RUN_DIR/logs/run.log
@@ -168,10 +183,38 @@ def main(argv: list[str] | None = None) -> int:
     except (ServerError, ClusterError, SandboxStartError) as exc:
         print(f"rstar2-train: {exc}", file=sys.stderr)
         return 1
+    except (RankError, EngineError) as exc:  # a lost rank, or no engine left
+        print(stop_line(exc, run_dir), file=sys.stderr)
+        return 1
+    except CheckpointError as exc:
+        print(
+            f"rstar2-train: {exc}; free space, then resume with --resume {run_dir}", file=sys.stderr
+        )
+        return 1
+    except Preempted as stop:
+        print(_preempted(stop, run_dir), flush=True)
+        return 0
     except KeyboardInterrupt:
         print(f"rstar2-train: interrupted; resume with --resume {run_dir}", file=sys.stderr)
         return 130
     return 0
+
+
+def stop_line(exc: BaseException, run_dir: Path) -> str:
+    """The one line a run stopped by a lost training rank ends with."""
+    why = " ".join(str(exc).split())
+    return f"rstar2-train: {why}; the run stopped; resume it with: rstar2-train --resume {run_dir}"
+
+
+def _preempted(stop: Preempted, run_dir: Path) -> str:
+    """The line a preempted run ends with: where it stopped and how to go on."""
+    if stop.saved:
+        where = f"after RL step {stop.step}, checkpoint step {stop.step} saved"
+    elif stop.step is not None:
+        where = f"in the middle of a step (dropped); checkpoint step {stop.step} is the newest"
+    else:
+        where = "before the first checkpoint; a resume starts over"
+    return f"rstar2-train: stopped on SIGTERM {where}; resume with: rstar2-train --resume {run_dir}"
 
 
 def _split(args: argparse.Namespace) -> tuple[str, list[str]]:

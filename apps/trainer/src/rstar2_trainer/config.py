@@ -33,7 +33,7 @@ from rstar2_rollout import (
     VLLMEngineConfig,
 )
 from rstar2_sandbox import ChildSandboxConfig, SandboxBackendConfig, SandboxConfig
-from rstar2_trainer.asyncsteps import AsyncConfig, check_async
+from rstar2_trainer.asyncsteps import AsyncConfig, check_async, off_policy_default
 from rstar2_trainer.placement.config import ClusterConfig, RemoteRolloutConfig
 from rstar2_verify import VerifyConfig
 
@@ -84,7 +84,40 @@ class RunConfig(_Section):
         "engine); auto: every core this process may run on.",
     )
     checkpoint_every: int = Field(default=1, gt=0, description="RL steps between checkpoints.")
-    keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept on disk.")
+    keep_checkpoints: int = Field(
+        default=2,
+        gt=0,
+        description="Checkpoints kept on disk; older ones are removed only after a newer one is "
+        "complete, so the newest good one is never removed.",
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Times the run restarts itself after a failure it can recover from (a dead "
+        "rank or actor, a collective that timed out, an out-of-memory, a lost node, a service "
+        "dead for good), each time from the newest good checkpoint as --resume does; 0: the "
+        "run ends on the first one.",
+    )
+    preempt_grace_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds between a SIGTERM and the exit: the run stops at the end of its "
+        "step, writes a checkpoint, exits 0 and prints the resume command; a step that cannot "
+        "end in time is dropped and the run exits from its last checkpoint.",
+    )
+    service_restarts: int = Field(
+        default=5,
+        ge=0,
+        description="Times each child service (the sandbox and verify servers) is started again "
+        "when it dies; its calls in flight are sent again. 0: never (a dead service then restarts "
+        "the whole run, as run.max_restarts allows).",
+    )
+    service_retry_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds a call to a service that is down is sent again (while it restarts) "
+        "before it counts as failed.",
+    )
     trackers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default=["jsonl", "tensorboard"],
         description="Where metrics, the resolved config and the plots go, any of jsonl "
@@ -144,6 +177,30 @@ class RunConfig(_Section):
         return trackers
 
 
+class LoraSettings(_Section):
+    """A LoRA policy (PEFT): the base frozen in train.dtype, adapters and their AdamW in fp32."""
+
+    rank: int = Field(gt=0, le=512, description="Adapter rank r.")
+    alpha: float = Field(
+        default=32.0, gt=0, description="Scale numerator: the update is (alpha / rank) B A."
+    )
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="Dropout on the adapter's input (0: none)."
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description="Linear layers that get adapters: all-linear (every linear layer of the "
+        "blocks, not the head) or module names, e.g. [q_proj, v_proj].",
+    )
+    sync: Literal["adapter", "merged"] = Field(
+        default="adapter",
+        description="What a push moves: adapter (the engines serve the base with LoRA enabled "
+        "and load each new adapter version; megabytes), or merged (base + adapter as full "
+        "weights, for engines without LoRA).",
+    )
+    seed: int = Field(default=0, description="Seed of the adapters' initial A matrices.")
+
+
 class TinyModelConfig(_Section):
     """A small Qwen3-architecture model and BPE tokenizer built on the spot (no download)."""
 
@@ -154,6 +211,9 @@ class TinyModelConfig(_Section):
     heads: int = Field(default=4, gt=0, description="Attention heads (head size = width/heads).")
     kv_heads: int = Field(default=2, gt=0, description="Key/value heads (GQA).")
     max_position_embeddings: int = Field(default=4096, gt=0, description="Longest context.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train LoRA adapters instead of the full weights; None: full."
+    )
 
 
 class PretrainedModelConfig(_Section):
@@ -161,6 +221,9 @@ class PretrainedModelConfig(_Section):
 
     kind: Literal["pretrained"] = "pretrained"
     path: str = Field(description="Folder with config.json, weights and tokenizer.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train LoRA adapters instead of the full weights; None: full."
+    )
 
 
 ModelConfig = Annotated[TinyModelConfig | PretrainedModelConfig, Field(discriminator="kind")]
@@ -314,8 +377,9 @@ class EvalSettings(_Section):
     )
     sources: list[str] = Field(
         default_factory=list,
-        description="Benchmark files (JSONL or Parquet rows with question and answer, the "
-        "evaluator's format), each reported as avg@k under its file name.",
+        description="Benchmarks, each reported as avg@k: a name graded by answer (aime24, "
+        "gpqa_diamond, ...; `rstar2-eval benchmarks`), NAME=PATH for its local copy in the "
+        "published format, or a JSONL/Parquet file with question and answer.",
     )
     benchmark: SamplingProtocol = Field(
         default_factory=SamplingProtocol,
@@ -472,6 +536,10 @@ class TrainerConfig(_Section):
     @model_validator(mode="after")
     def _async_is_what_is_built(self) -> TrainerConfig:
         check_async(self)
+        default = off_policy_default(self)
+        if default is not None:  # the algo section's default depends on the async one
+            algo = self.algo.model_copy(update={"off_policy": default})
+            object.__setattr__(self, "algo", algo)  # frozen: set once, while validating
         return self
 
     @model_validator(mode="after")
@@ -505,6 +573,30 @@ class TrainerConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_can_be_served(self) -> TrainerConfig:
+        lora = getattr(self.model, "lora", None)
+        if lora is None or lora.sync == "merged":
+            return self
+        if self.remote is not None:
+            raise ValueError(
+                "model.lora.sync adapter: remote rollout services load full weights only; "
+                "set model.lora.sync: merged"
+            )
+        cluster = self.cluster
+        if cluster is not None and cluster.colocate and cluster.sleep_level == 2:
+            raise ValueError(
+                "model.lora.sync adapter with colocated engines: sleep level 2 drops the "
+                "engines' base weights, which an adapter push does not bring back; set "
+                "cluster.sleep_level: 1"
+            )
+        if self.init is not None and "optimizer" in self.init.include:
+            raise ValueError(
+                "a LoRA run's --init-from takes the origin's weights as its base and starts "
+                "fresh adapters: drop optimizer from --init-include"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_fits_the_cluster(self) -> TrainerConfig:
         if self.cluster is None:
             return self
@@ -526,6 +618,9 @@ class TrainerConfig(_Section):
         """Replica `replica`'s engine config: what the recipe left unset is the run's (the
         policy's folder, the context of `context_tokens`, the seed run.seed + replica) or the
         placement's (a cluster's tensor parallelism and sleep mode)."""
+        lora = getattr(self.model, "lora", None)
+        if lora is not None and lora.sync == "adapter":  # serve the base with LoRA enabled
+            placement.setdefault("max_lora_rank", lora.rank)
         return self.engine.fill(
             model=model_dir,
             max_model_len=context_tokens(self),

@@ -8,7 +8,10 @@
 - the SFT data of `sft.source` (`load_sft`: chat conversations with tool calls, or the source
   formats of the converters, mixed by weight), or, with no source, the curriculum's synthetic
   tool-call traces (the tiny recipe);
-- the benchmarks of `eval.sources`, strictly (a smaller benchmark is a wrong number).
+- the benchmarks of `eval.sources`, strictly (a smaller benchmark is a wrong number): a name
+  from rstar2-curriculum's registry (from the hub), `NAME=PATH` (that benchmark from a local copy
+  in its published format: GPQA-Diamond's CSV, a maths set's parquet), or a file of question and
+  answer rows; multiple-choice problems keep their options (`evaluate.py` shuffles them).
 
 Any problem with the data (a missing file, missing fields, a missing extra such as pyarrow) is
 a `DataError` with one line that says what to fix, raised before anything is started or written.
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rstar2_curriculum import (
+    BENCHMARKS,
+    BenchmarkConfig,
     DataError,
     Prepared,
     Problem,
@@ -49,20 +54,35 @@ class RunData:
     benchmarks: dict[str, list[Problem]] = field(default_factory=dict)
 
 
-def benchmark_name(path: str) -> str:
-    return Path(path).stem
+def benchmark_name(source: str) -> str:
+    """The name a source of `eval.sources` is reported under."""
+    name, sep, _ = source.partition("=")
+    if sep or source in BENCHMARKS:
+        return name
+    return Path(source).stem
 
 
-def load_benchmark(path: str) -> list[Problem]:
-    """A benchmark file of `eval.sources`, read whole by the curriculum's strict loader (the one
-    rstar2-eval uses); ids are prefixed with the file's name."""
-    if not Path(path).exists():
-        raise DataError(f"eval.sources: {path} does not exist")
+def load_benchmark(source: str) -> list[Problem]:
+    """A benchmark of `eval.sources` (module docstring), read whole by the curriculum's strict
+    loader (the one rstar2-eval uses); ids are prefixed with its name."""
+    from rstar2_curriculum import load_benchmark as load_named
+
+    name, sep, data = source.partition("=")
     try:
-        problems = load_benchmark_file(path)
+        if sep or source in BENCHMARKS:
+            if name not in BENCHMARKS:
+                raise DataError(
+                    f"{name!r} is not a benchmark graded by answer (choose from "
+                    f"{', '.join(BENCHMARKS)}); the others run in rstar2-eval"
+                )
+            problems = load_named(BenchmarkConfig(name=name, data=data or None))
+        elif not Path(source).exists():
+            raise DataError(f"{source} does not exist")
+        else:
+            problems = load_benchmark_file(source)
     except DataError as error:
         raise DataError(f"eval.sources: {error}") from None
-    name = benchmark_name(path)
+    name = benchmark_name(source)
     return [p.model_copy(update={"id": f"{name}/{p.id}"}) for p in problems]
 
 

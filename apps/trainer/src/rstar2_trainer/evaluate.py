@@ -8,8 +8,11 @@ sample (avg@k, as the paper reports). The kinds differ only in problems and prot
 - the synthetic held-out set (the tiny recipe): problems drawn with the evaluation seed minus
   any question the run trains on (`held_out_problems`), under `eval.protocol(...)`: the `eval`
   section's sampling with the run's top-p and reward rule;
-- a benchmark file of `eval.sources` (AIME, MATH-500, ...) under `eval.benchmark`: the paper's
-  protocol by default (T=0.6, 16 samples, 30K tokens, 30 turns, training's reward rule).
+- a benchmark of `eval.sources` (AIME, MATH-500, GPQA-Diamond, ...) under `eval.benchmark`: the
+  paper's protocol by default (T=0.6, 16 samples, 30K tokens, 30 turns, training's reward rule).
+  A multiple-choice benchmark is sampled as rstar2-eval samples it: each sample sees the options
+  in its own seeded order (`choice_variant`, one trajectory per variant) and is graded as a
+  letter (the `Scorer`'s choice kind), so GPQA can be watched beside AIME (the paper's Fig. 8).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from rstar2_curriculum import Problem, generate_problems
+from rstar2_curriculum import Problem, choice_variant, generate_problems, is_choice
 from rstar2_rollout import Collected, RolloutConfig, SamplingProtocol, collect
 from rstar2_trainer.config import EvalSettings
 from rstar2_trainer.stats import trajectory_stats
@@ -48,11 +51,15 @@ async def measure_accuracy(
 ) -> tuple[dict[str, float | None], Collected[Problem]]:
     """Samples `problems` with the current policy under `protocol`, grades every sample and
     returns accuracy (avg@k) with trajectory statistics, plus what was collected."""
+    scorer, asked, n = parts.scorer.under(protocol.reward), list(problems), protocol.samples
+    if problems and all(is_choice(p) for p in problems):
+        asked = [choice_variant(p, protocol.seed, i) for p in problems for i in range(n)]
+        scorer, n = scorer.of_kind("choice"), 1
     collected = await collect(
         parts.source,
-        parts.scorer.under(protocol.reward),
-        problems,
-        protocol.samples,
+        scorer,
+        asked,
+        n,
         protocol.apply(base),
         meters=parts.engines,
         on_done=on_done,

@@ -11,48 +11,65 @@
 
 The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.train_workers`
 FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weights from the
-start: it trains SFT and RL, pushes to the engines (`sync`) whenever its weights changed, and
-writes the policy folder. The engines load the model folder themselves, so nothing is pushed
-before SFT (remote rollout services, which loaded their own copy, get the policy's weights
-first). Trajectories come from `parts.source` (local engines or remote rollout services) through one
-`collect`. A step is `rl_step` (rollout to update, its metrics) then
+start: it trains SFT and RL and writes the policy folder. The weights move through the
+placement's mover (`parts.mover`, placement/weights.py), the one owner of sleep, training-state
+moves and pushes: `mover.sleep()` before anything that trains or runs collectives on the
+training state (SFT, an update, a checkpoint's save or restore, the export), so colocated ranks
+find their state on the device and the engines asleep; `sync` (`mover.push(policy.weights())`)
+whenever the weights changed, and after a save whose sleep left the engines needing one. The
+engines load the model folder themselves, so nothing is pushed before SFT (remote rollout
+services, which loaded their own copy, get the policy's weights first). Trajectories come from `parts.source` (local engines or remote rollout services) through
+`collect`, or the rollout pool with asynchronous steps (rstar2-rollout's one core under both).
+A step is `rl_step` (rollout to update, its metrics) then
 `end_step` (curriculum, log, stage switch, checkpoint); `Phases` times each phase.
 Weights versions: `Run.weights_version` counts the pushes (`sync`) of this process, and each
-engine counts the updates it loaded since it started, so the two agree; every step logs the
-rollouts' staleness (`staleness_mean`, `staleness_max`: this version minus a trajectory's
-oldest token version; 0 in a synchronous run), `staleness_unknown` (no version known) and
+engine counts the loads it made since it started, so the two agree; `Run.policy_version` counts
+the changes of the weights, and `Run.pushed` maps each push to the policy version it carried (a
+colocated checkpoint pushes the same weights again after its sleep). Every step logs the
+rollouts' staleness (`staleness_mean`, `staleness_max`: the policy version minus that of a
+trajectory's oldest token; 0 in a synchronous run), `staleness_unknown` (no version known) and
 `turns_resumed` (turns aborted at a push and resumed on the new weights, `async.at_push`).
 
-Partial rollouts (`async.partial_rollout`; local engines or split placement, where the engine
-actors generate while the ranks train, or colocated, where they sleep meanwhile): a step
-submits its batch to the run's `RolloutPool` and trains on the first `curriculum.batch_size`
-groups to finish, whichever step submitted them; the rest keep running into the next step (their
-later turns on the new weights), and groups more than `async.max_staleness` versions old are
-dropped. Every step logs `groups_trained`, `groups_carried`, `groups_dropped_stale` and
-`groups_drained`, and what the pool generated while the policy trained, counted at the engines
-and the pool around the update (`turns_during_train`, `tokens_during_train`,
+Asynchronous steps (`async.max_staleness` >= 1; local engines or split placement, where the
+engine actors generate while the ranks train, or colocated, where they sleep meanwhile) keep the
+run's `RolloutPool` (rstar2-rollout) in flight across steps and train on what it drew: a step
+submits its batch (and draws batches ahead while a whole one fits under the pool's capacity of
+`(max_staleness + 1) x curriculum.batch_size` groups: the first step, a resumed run), and takes
+the groups due (started `max_staleness` steps ago) first, then with partial rollouts
+(`async.partial_rollout`) the oldest finished ones, or one-step-off the oldest batch whole. No
+group is discarded for staleness: its later turns run on the new weights, each token records
+its version, and the loss corrects the stale tokens (`algo.off_policy`, TIS by default for
+asynchronous steps: asyncsteps.py). A stage switch (its evaluation and hard-subset pass) and a
+checkpoint pause the pool (queued submissions wait, running trajectories hold their next turn)
+instead of draining it; the checkpoint records what was drawn and not trained, and a resumed
+run submits it again. Every step logs `drawn` (the problems the curriculum drew for it),
+`groups` (those it trains), `groups_trained`, `groups_carried`, `groups_failed` (the same
+shape in a synchronous step), and what the pool generated while the policy trained, counted at
+the engines and the pool around the update (`turns_during_train`, `tokens_during_train`,
 `groups_finished_during_train`; answers as the driver received them, so a reply in transit when
 the update began counts): a driver policy trains on a worker thread then (policy.py), training
-ranks are awaited. A stage switch (its evaluation and hard-subset pass) and a
-checkpoint drain the pool first (cancel what runs, discard what waits), so a checkpoint never
-holds rollouts in flight and `--resume` restarts exactly where the uninterrupted run stood;
-carrying needs `run.checkpoint_every` > 1. One-step-off steps (`async.max_staleness` >= 1
-without partial rollouts) use the same pool in submission order: a step trains the oldest batch
-in it, whole (the one the step before submitted), while its own generates.
+ranks are awaited.
 
 A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
 evaluated as `init`, checkpoint 0, then RL.
 
-Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the latest
-checkpoint and the trackers drop or hold back what was logged after it (tracking.py), so no step
-is lost or repeated. Every random choice
+Resuming (`resume_dir`) restores model, optimizer, RNG, curriculum and step from the newest
+good checkpoint (rundir/checkpoint.py: `latest`, or the one before when that one is incomplete
+or corrupt, with one line) and the trackers drop or hold back what was logged after it
+(tracking.py), so no step is lost or repeated. Every random choice
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
+
+Faults (docs/LAUNCH.md, "When something fails"): child services restart themselves (each step
+logs `service_restarts`, `calls_retried`); a failure faults.py calls restartable restarts the
+run from its newest good checkpoint as `--resume` would (`run.max_restarts`, a `restart` record);
+SIGTERM stops it at the end of its step with a checkpoint (preempt.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,17 +81,26 @@ import numpy as np
 import torch
 
 from rstar2_algos import build_algorithm
-from rstar2_curriculum import Curriculum, StepMetrics, write_jsonl
-from rstar2_rollout import RolloutPool, Trajectory, collect, derive_seed, staleness_stats
+from rstar2_curriculum import Curriculum, Problem, StepMetrics, write_jsonl
+from rstar2_rollout import (
+    RolloutConfig,
+    RolloutPool,
+    Trajectory,
+    collect,
+    derive_seed,
+    staleness_stats,
+)
 from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.data import RunData, load_run_data
 from rstar2_trainer.evaluate import held_out_problems, measure_accuracy
+from rstar2_trainer.faults import Control, plan_restart
 from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
+from rstar2_trainer.preempt import Preempted, Preemption
 from rstar2_trainer.rundir import report
-from rstar2_trainer.rundir.checkpoint import latest_step, load_latest
+from rstar2_trainer.rundir.checkpoint import GoodCheckpoint, load_checkpoint, newest_good
 from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.sampling import rollout_config_for
@@ -115,7 +141,11 @@ class Run:
     step: int = 0
     evals: list[dict[str, Any]] = field(default_factory=list)
     weights_version: int = 0  # pushes to the engines in this process (each bumps every engine)
+    policy_version: int = 0  # changes of the policy's weights in this process
+    pushed: list[int] = field(default_factory=lambda: [0])  # push count -> policy version
     pool: RolloutPool | None = None  # asynchronous steps: groups in flight across steps
+    control: Control = field(default_factory=Control)  # train() hands its own
+    services_seen: dict[str, int] = field(default_factory=dict)  # service counts at the last step
 
     @property
     def checkpoints(self) -> Path:
@@ -125,28 +155,65 @@ class Run:
 async def train(
     config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None
 ) -> Path:
+    """The run; after a failure it can recover from, again from the newest good checkpoint
+    (`run.max_restarts`); `Preempted` after a SIGTERM."""
     torch.set_num_threads(config.run.torch_threads)
+    control = Control(Preemption.install(config.run.preempt_grace_s))
+    try:
+        while True:
+            try:
+                await attempt(config, run_dir, resume, data, control)
+                return run_dir
+            except asyncio.CancelledError:
+                if not control.preemption.expired:
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                step = newest_good(run_dir / "checkpoints", checksums=False).step
+                raise Preempted(step, saved=False) from None
+            except Exception as exc:
+                if not plan_restart(control, exc, config, run_dir):
+                    raise
+                resume, data = True, None  # the data again: the curriculum object was used
+    finally:
+        control.preemption.uninstall()
+
+
+async def attempt(
+    config: TrainerConfig, run_dir: Path, resume: bool, data: RunData | None, control: Control
+) -> None:
+    """One attempt of the run: a new start, or the newest good checkpoint restored."""
     if data is None:
         data = load_run_data(config, resume=resume)
+    good = newest_good(run_dir / "checkpoints") if resume else GoodCheckpoint(None, None)
+    for line in good.skipped:
+        report.console.print(line)
     # The trackers continue the tracked run of the checkpoint: what was logged past it belongs
     # to the step being redone and goes; with no checkpoint yet the run starts over, and so do
     # its tracked runs (tracking.py).
-    step = latest_step(run_dir / "checkpoints") if resume else None
-    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=step)
+    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=good.step)
+    if control.restart is not None:
+        log.log("restart", good.step or 0, control.restart)
+        control.restart = None
     ok = False
     try:
-        await _train(config, run_dir, log, resume, data)
+        await _train(config, run_dir, log, good, data, control)
         if config.run.plots:
             for path in report.draw_plots(run_dir, plot_records(run_dir, log)):
                 log.log_artifact(path)
         ok = True
     finally:
         log.close(ok)
-    return run_dir
 
 
 async def _train(
-    config: TrainerConfig, run_dir: Path, log: MetricsLog, resume: bool, data: RunData
+    config: TrainerConfig,
+    run_dir: Path,
+    log: MetricsLog,
+    good: GoodCheckpoint,
+    data: RunData,
+    control: Control,
 ) -> None:
     problems = data.prepared.problems
     curriculum = data.prepared.curriculum
@@ -154,7 +221,7 @@ async def _train(
     if config.eval.synthetic:
         held_out = held_out_problems(config.eval, [*problems, *data.sft_problems])
         write_jsonl(held_out, run_dir / "heldout.jsonl")  # for rstar2-eval on the same problems
-    ckpt = load_latest(run_dir / "checkpoints") if resume else None
+    ckpt = load_checkpoint(good.path) if good.path is not None else None
     traces = data.sft if ckpt is None else []
 
     copy_model_dir(config, run_dir)  # --init-from: the origin's tiny model and tokenizer
@@ -167,13 +234,9 @@ async def _train(
             config, parts.model, parts.model_dir, precision, pad_id=pad_id, group=parts.train_group
         ) as policy:
             run = Run(config, run_dir, log, parts, policy, curriculum, held_out, data.benchmarks)
+            run.control = control
             await run_steps(run, ckpt, traces)
-            policy_dir = await policy.export(
-                run_dir / "policy",
-                parts.tokenizer,
-                system_prompt=config.rollout.system_prompt,
-                step=run.step,
-            )
+            policy_dir = await export(run)
         report.final_table(run.evals, run_dir, policy_dir, final_eval_command(config))
 
 
@@ -183,22 +246,39 @@ async def run_steps(run: Run, ckpt: Any, traces: list) -> None:
     steps = run.config.async_
     if steps.max_staleness > 0:  # partial rollouts, or one-step-off: whole batches in order
         parts = run.parts
-        order = "finish" if steps.partial_rollout else "submission"
         run.pool = RolloutPool(
-            parts.source, parts.scorer, max_staleness=steps.max_staleness, order=order
+            parts.source,
+            parts.scorer,
+            groups_per_step=run.curriculum.batch_size,
+            max_staleness=steps.max_staleness,
+            order="finish" if steps.partial_rollout else "submission",
         )
     try:
         if ckpt is None:
             await start(run, traces)
         else:
             await restore(run, ckpt)
+        await safe_point(run, saved=True)
         while not run.curriculum.plan.finished:
             run.step += 1
+            run.control.step = run.step
             stage, metrics = await rl_step(run)
-            await end_step(run, stage, metrics)
+            saved = await end_step(run, stage, metrics)
+            await safe_point(run, saved)
     finally:
         if run.pool is not None:
             await run.pool.close()
+
+
+async def safe_point(run: Run, saved: bool) -> None:
+    """After SIGTERM: a checkpoint of this step (unless it has one), then `Preempted`."""
+    if not run.control.preemption.requested:
+        return
+    if not saved:  # the pool paused: the checkpoint records what was drawn and not trained
+        async with run.pool.paused() if run.pool is not None else contextlib.nullcontext():
+            await save(run)
+    run.control.preemption.saved()
+    raise Preempted(run.step, saved=True)
 
 
 async def run_eval(run: Run, when: str) -> None:
@@ -248,7 +328,7 @@ async def start(run: Run, traces: list) -> None:
     if config.eval.before_sft:
         await run_eval(run, "before_sft")
     if config.sft.enabled:
-        await parts.engines.sleep()  # colocated: SFT gets the GPU memory; the sync wakes them
+        await parts.mover.sleep()  # colocated: SFT gets the GPU memory; the sync wakes them
         await run_sft(run, traces)
         await sync(run)
     await run_eval(run, "after_sft")
@@ -263,6 +343,7 @@ async def start_from_origin(run: Run) -> None:
     init = config.init
     assert init is not None
     origin = origin_checkpoint(config)
+    await run.parts.mover.sleep()  # loading is a collective on the ranks' state
     if "optimizer" in init.include:
         await run.policy.restore(origin)  # the weights and the optimizer state
     else:
@@ -278,19 +359,28 @@ async def start_from_origin(run: Run) -> None:
 
 async def restore(run: Run, ckpt: Any) -> None:
     """Back to the latest checkpoint: policy, curriculum, evaluations, step; engines synced."""
-    run.step = ckpt.step
+    run.step = run.control.step = ckpt.step
+    await run.parts.mover.sleep()  # loading is a collective on the ranks' state
     await run.policy.restore(ckpt)
     run.curriculum.load_state_dict(ckpt.state["curriculum"])
     run.evals = list(ckpt.state["evals"])
     await sync(run)
+    if run.pool is not None:  # drawn and not trained at the checkpoint: rolled out again
+        for pending in ckpt.state.get("pool", []):
+            problems = [Problem.model_validate(p) for p in pending["problems"]]
+            config = RolloutConfig.model_validate(pending["config"])
+            run.pool.submit(problems, pending["n"], config, age=pending["age"])
     report.console.print(f"resumed {run.run_dir} at RL step {run.step}")
 
 
-async def sync(run: Run) -> dict[str, float]:
-    """Push the policy's weights to the engines: the next version (engines count it alike)."""
-    times = await run.policy.sync(run.parts)
+async def sync(run: Run, *, changed: bool = True) -> dict[str, float]:
+    """Push the policy's weights to the engines: the next engine version (engines count it
+    alike), and, when the weights `changed` since the last push, the next policy version."""
+    report = await run.parts.mover.push(run.policy.weights())
     run.weights_version += 1
-    return times
+    run.policy_version += changed
+    run.pushed.append(run.policy_version)
+    return report.as_metrics()
 
 
 async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
@@ -323,7 +413,6 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
     )
     metrics: dict[str, Any] = {
         "stage": stage.name,
-        "batch": [p.id for p in batch.problems],
         "lr": lr,
         **trajectory_stats(trajectories),
         **group_stats(trajectories),
@@ -334,15 +423,18 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
         **rolled,
         "engine_idle_share": rolled["engine_idle_s"]
         / max(1e-9, rolled["time_rollout_s"] * max(1, len(parts.engines))),
-        **staleness_stats(trajectories, run.weights_version),
+        **staleness_stats(trajectories, run.policy_version, run.pushed),
     }
     metrics["engines_dropped"] = len(parts.engines.dropped)
+    counts = parts.service_counts()  # since the last step: restarts, calls sent again
+    metrics.update({k: v - run.services_seen.get(k, 0) for k, v in counts.items()})
+    run.services_seen = counts
     if not selection.trajectories:
         metrics.update(time_train_s=0.0, time_sleep_s=0.0, time_sync_s=0.0, skipped_update=1)
         return stage, metrics
     phases = Phases()
-    with phases.time("sleep"):  # colocated engines free their GPU memory; the sync wakes them
-        await parts.engines.sleep()
+    with phases.time("sleep"):  # colocated: engines free the GPU, the state comes back to it
+        asleep = await parts.mover.sleep()
     before = generated(run)
     with phases.time("train"):
         advantages = algo.advantages(selection).float()  # [K]
@@ -356,6 +448,7 @@ async def rl_step(run: Run) -> tuple[Any, dict[str, Any]]:
             metrics[f"{name}_during_train"] = after[name] - was
     metrics.update(update)
     metrics.update(phases.times)
+    metrics.update(asleep.as_metrics())
     metrics.update(await sync(run))
     return stage, metrics
 
@@ -373,14 +466,16 @@ def generated(run: Run) -> dict[str, int]:
 async def roll_out(
     run: Run, problems: list, n: int, rollout: Any
 ) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The step's graded trajectories and the rollout's metrics: `n` of every problem
-    (`collect`), or with partial rollouts the first `len(problems)` groups to finish in the pool,
-    or one-step-off the oldest batch in the pool, whole.
+    """The step's graded trajectories and the rollout's metrics, one shape whatever the mode:
+    `n` of every problem (`collect`), or with asynchronous steps the step's groups from the run's
+    `RolloutPool` (`RolloutPool.step`: this step's problems submitted, the curriculum's next
+    batches drawn ahead while a whole one fits, sampled with seeds of their own; due groups
+    first, then the oldest finished, or one-step-off the oldest batch whole).
 
-    The pool holds two steps' batches: this step's problems are submitted, and after a drain (an
-    empty pool) the curriculum's next batch too, sampled with a seed of its own; so each step
-    trains on `len(problems)` of about twice as many groups running."""
+    `drawn` lists the problems the curriculum drew for this step, `groups` the ones whose groups
+    it trains (in an asynchronous step, drawn by this step or an earlier one)."""
     parts = run.parts
+    drawn = list(problems)
     with report.progress(f"step {run.step} rollouts", len(problems) * n) as advance:
         if run.pool is None:
             got = await collect(
@@ -392,47 +487,26 @@ async def roll_out(
                 meters=parts.engines,
                 on_done=advance,
             )
-            return got.trajectories, {
-                "failed_jobs": len(got.failed_jobs),
-                "time_rollout_s": got.rollout_s,
-                "time_grade_tail_s": got.grade_tail_s,
-                "time_tool_s": got.tool_s,
-                "time_generate_s": got.generate_s,
-                "engine_idle_s": got.engine_idle_s,
-            }
+        else:
 
-        def on_group(_problem: Any) -> None:
-            for _ in range(n):
-                advance()
+            def on_group(_problem: Any) -> None:
+                for _ in range(n):
+                    advance()
 
-        ahead: list = []
-        if run.pool.in_flight + run.pool.waiting == 0:
-            ahead = run.curriculum.next_batch().problems
-        run.pool.submit(problems, n, rollout)
-        seed = derive_seed(run.config.run.seed, "rl", run.step, "ahead")
-        run.pool.submit(ahead, n, rollout.model_copy(update={"seed": seed}))
-        part = await run.pool.next_batch(
-            len(problems), run.weights_version, meters=parts.engines, on_group=on_group
-        )
-    return part.trajectories, {
-        "batch_ahead": [p.id for p in ahead],
-        "groups": [p.id for p in part.problems],
-        "groups_trained": len(part.problems),
-        "groups_carried": part.carried,
-        "groups_dropped_stale": part.stale_dropped,
-        "groups_failed": part.failed_groups,
-        "failed_jobs": len(part.failed_jobs),
-        "time_rollout_s": part.wait_s,
-        "time_grade_tail_s": 0.0,  # a group is returned once graded
-        "time_tool_s": part.tool_s,
-        "time_generate_s": part.generate_s,
-        "engine_idle_s": part.engine_idle_s,
-    }
+            def ahead(k: int) -> tuple[list, Any]:
+                seed = derive_seed(run.config.run.seed, "rl", run.step, "ahead", k)
+                more = run.curriculum.next_batch().problems
+                return more, rollout.model_copy(update={"seed": seed})
+
+            got, drawn = await run.pool.step(
+                problems, n, rollout, ahead=ahead, meters=parts.engines, on_group=on_group
+            )
+    return got.trajectories, {"drawn": [p.id for p in drawn], **got.step_metrics()}
 
 
-async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
-    """Curriculum (difficulty, stage switch), drain the pool before a stage switch or a
-    checkpoint, log, evaluation after a stage, checkpoint."""
+async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> bool:
+    """Curriculum (difficulty, stage switch), log, then the stage switch's work and the
+    checkpoint with the rollout pool paused; whether it checkpointed."""
     switch = run.curriculum.end_step(
         StepMetrics(
             all_correct_share=metrics.get("all_correct_share"),
@@ -442,11 +516,16 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
         )
     )
     checkpoint = run.step % run.config.run.checkpoint_every == 0 or run.curriculum.plan.finished
-    if run.pool is not None:
-        drain = switch is not None or checkpoint
-        metrics["groups_drained"] = await run.pool.drain() if drain else 0
     run.log.log("rl", run.step, metrics)
     report.step_line(run.step, stage.name, metrics)
+    async with run.pool.paused() if run.pool is not None else contextlib.nullcontext():
+        await switch_and_save(run, stage, switch, checkpoint)
+    return checkpoint
+
+
+async def switch_and_save(run: Run, stage: Any, switch: Any, checkpoint: bool) -> None:
+    """The stage switch's work (its evaluation, optimizer reset, hard-subset pass) and the
+    checkpoint; an asynchronous run's groups in flight are paused meanwhile, not discarded."""
     if switch is not None:
         run.log.log("stage", run.step, switch.model_dump())
         report.console.print(f"stage switch after step {run.step}: {switch.reason}")
@@ -469,10 +548,41 @@ async def end_step(run: Run, stage: Any, metrics: dict[str, Any]) -> None:
 
 
 async def save(run: Run) -> None:
-    """The run's checkpoint of this step (the policy writes its own parts)."""
-    state = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
+    """The run's checkpoint of this step (the policy writes its own parts), with the groups an
+    asynchronous run drew and has not trained yet. Its collectives run with the engines asleep
+    and the training state on its device; the engines get the weights back after it when that
+    sleep took them (a push; the pool is paused around a checkpoint)."""
+    state: dict[str, Any] = {"curriculum": run.curriculum.state_dict(), "evals": run.evals}
+    if run.pool is not None:  # drawn, not trained: a resumed run submits these again
+        state["pool"] = [
+            {
+                "problems": [p.model_dump(mode="json") for p in pending.problems],
+                "n": pending.n,
+                "config": pending.config.model_dump(mode="json"),
+                "age": pending.age,
+            }
+            for pending in run.pool.pending()
+        ]
+    asleep = await run.parts.mover.sleep()
+    started = time.perf_counter()
     await run.policy.save(run.checkpoints, run.step, state)
+    if asleep.needs_push:  # the same weights back: no new policy version
+        await sync(run, changed=False)
     run.log.checkpointed(run.step)
+    run.control.preemption.last_save_s = time.perf_counter() - started
+
+
+async def export(run: Run) -> Path:
+    """The trained policy as a Hugging Face folder (RUN_DIR/policy). The export gathers every
+    parameter: the engines sleep and the training state comes to its device first (the run
+    is over, so nothing wakes them after)."""
+    await run.parts.mover.sleep()
+    return await run.policy.export(
+        run.run_dir / "policy",
+        run.parts.tokenizer,
+        system_prompt=run.config.rollout.system_prompt,
+        step=run.step,
+    )
 
 
 def final_eval_command(config: TrainerConfig) -> str:

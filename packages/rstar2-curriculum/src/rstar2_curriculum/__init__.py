@@ -2,11 +2,13 @@
 
 from rstar2_curriculum.benchmarks import (
     BENCHMARKS,
+    AnswerKind,
     Benchmark,
     BenchmarkError,
     load_benchmark,
     load_benchmark_file,
 )
+from rstar2_curriculum.choice import choice_variant, is_choice, render_choices
 from rstar2_curriculum.clean import CleanReport, CleanResult, Dropped, clean, normalise_answer
 from rstar2_curriculum.config import (
     BenchmarkConfig,
@@ -63,6 +65,7 @@ __all__ = [
     "BENCHMARKS",
     "FAMILIES",
     "PYTHON_TOOL_NAME",
+    "AnswerKind",
     "Batch",
     "Benchmark",
     "BenchmarkConfig",
@@ -106,9 +109,11 @@ __all__ = [
     "SyntheticSource",
     "ThresholdTrigger",
     "TinyPlanConfig",
+    "choice_variant",
     "clean",
     "convert_rows",
     "generate_problems",
+    "is_choice",
     "keep_verified",
     "load_benchmark",
     "load_benchmark_file",
@@ -121,6 +126,7 @@ __all__ = [
     "normalise_tool",
     "prepare",
     "read_sft_jsonl",
+    "render_choices",
     "render_python_call",
     "render_tool_call",
     "sft_traces",

@@ -126,10 +126,13 @@ class BenchmarkConfig(_Frozen):
     """Which evaluation problems: a named benchmark (`benchmarks.BENCHMARKS`), or a file."""
 
     name: str = Field(
-        description="aime24, aime25, math500, hmmt_feb25, or a .jsonl / .parquet path."
+        description="A benchmark's name (`rstar2-eval benchmarks` lists them), or a .jsonl / "
+        ".parquet path."
     )
     data: str | None = Field(
-        default=None, description="A local JSONL copy of a named benchmark (offline machines)."
+        default=None,
+        description="A local copy of a named benchmark in its published format (offline "
+        "machines): a file, or a folder for benchmarks published as several files.",
     )
     question_field: str | None = Field(
         default=None, description="Row field with the problem; None: the benchmark's own."

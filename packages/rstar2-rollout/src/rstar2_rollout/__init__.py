@@ -1,5 +1,6 @@
 """rstar2-rollout: multi-turn agentic rollouts, inference engines and the scheduler."""
 
+from rstar2_rollout.adapter import Adapter
 from rstar2_rollout.chat import (
     PYTHON_TOOL,
     TOOL_NAME,
@@ -9,31 +10,20 @@ from rstar2_rollout.chat import (
     wrap_question,
 )
 from rstar2_rollout.client import RolloutClient, RolloutError, WeightUpdate
-from rstar2_rollout.collect import (
-    Collected,
-    Grader,
-    SampleSource,
-    TrajectorySource,
-    collect,
-)
+from rstar2_rollout.collect import Collected, Meter, collect
 from rstar2_rollout.config import (
-    CacheAwarePolicy,
     EngineConfig,
-    ForecastPolicy,
     HFEngineConfig,
     KVAwarePolicy,
-    KVProgressPolicy,
     LeastRequestsPolicy,
-    LeastTokensPolicy,
     OpenAIEngineConfig,
-    PowerOfTwoPolicy,
     RequestLimits,
     RolloutConfig,
     SchedulerConfig,
-    StaticPolicy,
     VLLMEngineConfig,
 )
 from rstar2_rollout.engine import (
+    AdapterEngine,
     Engine,
     EngineProgress,
     Generation,
@@ -44,8 +34,17 @@ from rstar2_rollout.engine import (
     StreamingEngine,
 )
 from rstar2_rollout.engines import build_engine
+from rstar2_rollout.groups import (
+    GatedSource,
+    GradedGroups,
+    Group,
+    SampleSource,
+    Scorer,
+    Submission,
+    TrajectorySource,
+)
 from rstar2_rollout.loop import ProblemLike, RolloutTask, derive_seed, format_tool_result, run_agent
-from rstar2_rollout.pool import PoolBatch, RolloutPool
+from rstar2_rollout.pool import Pending, RolloutPool
 from rstar2_rollout.protocol import RewardConfig, SamplingProtocol
 from rstar2_rollout.scheduler import EngineStatus, Job, JobResult, Scheduler
 from rstar2_rollout.server import start_server
@@ -70,7 +69,8 @@ from rstar2_rollout.weights import InvalidWeights, WeightSpec
 __all__ = [
     "PYTHON_TOOL",
     "TOOL_NAME",
-    "CacheAwarePolicy",
+    "Adapter",
+    "AdapterEngine",
     "ChatFormat",
     "Collected",
     "Engine",
@@ -78,22 +78,21 @@ __all__ = [
     "EngineProgress",
     "EngineStatus",
     "FinishReason",
-    "ForecastPolicy",
+    "GatedSource",
     "Generation",
-    "Grader",
+    "GradedGroups",
+    "Group",
     "HFEngineConfig",
     "InvalidWeights",
     "Job",
     "JobResult",
     "KVAwarePolicy",
     "KVCapacity",
-    "KVProgressPolicy",
     "LeastRequestsPolicy",
-    "LeastTokensPolicy",
+    "Meter",
     "OpenAIEngineConfig",
     "ParsedTurn",
-    "PoolBatch",
-    "PowerOfTwoPolicy",
+    "Pending",
     "ProblemLike",
     "ProgressEngine",
     "RequestLimits",
@@ -111,9 +110,10 @@ __all__ = [
     "SamplingProtocol",
     "Scheduler",
     "SchedulerConfig",
+    "Scorer",
     "SleepingEngine",
-    "StaticPolicy",
     "StreamingEngine",
+    "Submission",
     "Timings",
     "ToolCallRecord",
     "ToolCallRequest",

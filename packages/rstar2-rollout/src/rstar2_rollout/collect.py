@@ -1,76 +1,56 @@
-"""Sample, then grade: the one path from problems to scored trajectories, for every caller.
+"""Sample, then grade, waiting for everything: the path of every caller that is not an
+asynchronous training step.
 
-rstar2-train's RL steps, its evaluations and hard-subset pass, `rstar2-eval` and the
-curriculum's label check all call `collect`; an accuracy one of them reports is the accuracy the
-others would, because it is the same function.
+rstar2-train's synchronous RL steps, its evaluations and hard-subset pass, `rstar2-eval` and
+the curriculum's label check all call `collect`; an accuracy one of them reports is the accuracy
+the others would, because it is the same function. It is one submission on `GradedGroups`
+(groups.py, the core `RolloutPool` runs on too), waited for whole:
 
 - A `TrajectorySource` turns problems and a `RolloutSampling` into finished trajectories in the
   order they finish: `RolloutService` in this process, or anything with its `generate` (the
-  trainer's remote workers). Chosen (problem, sample index) pairs, e.g. a resumed evaluation's
+  trainer's remote services). Chosen (problem, sample index) pairs, e.g. a resumed evaluation's
   missing ones, need a source that also has `generate_samples` (`SampleSource`).
-- The `Grader` is passed in (rstar2-verify's `Scorer` is the one used): `score(problem, traj)`
+- The `Scorer` is passed in (rstar2-verify's `Scorer` is the one used): `score(problem, traj)`
   sets `traj.reward` and returns the grade, off the generation path, as each trajectory
-  arrives. Problems are anything with `id` and `question` (`ProblemLike`); the grader reads what
+  arrives. Problems are anything with `id` and `question` (`ProblemLike`); the scorer reads what
   else it needs (the answer) from the same object.
 - A trajectory that ended in "error" (its engine died, the sandbox failed) is a failed job: it
   is neither graded nor returned, since the failure was the system's, not the model's; after
   `max_failures` of them the rest are cancelled.
 
-`collect` returns the graded trajectories in batch order (problem, then sample) with the wall
-times of the phases. Not covered: building the source, the engines or the grader.
+`collect` returns a `Collected`: the graded trajectories in batch order (problem, then sample)
+with the wall times of the phases; `RolloutPool.next_batch` returns the same shape, so a step's
+metrics (`Collected.step_metrics`) have one shape whatever the mode. Not covered: building the
+source, the engines or the scorer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar
 
 from rstar2_rollout.config import RolloutConfig
-from rstar2_rollout.loop import ProblemLike, RolloutTask
-from rstar2_rollout.service import RolloutResult, RolloutSampling
+from rstar2_rollout.groups import (
+    GradedGroups,
+    SampleSource,
+    Scorer,
+    TrajectorySource,
+)
+from rstar2_rollout.loop import ProblemLike
 from rstar2_rollout.trajectory import Trajectory
 
 __all__ = [
     "Collected",
-    "Grader",
     "Meter",
     "SampleSource",
+    "Scorer",
     "TrajectorySource",
     "collect",
 ]
 
 P = TypeVar("P", bound=ProblemLike)
-P_contra = TypeVar("P_contra", bound=ProblemLike, contravariant=True)
-
-
-class TrajectorySource(Protocol):
-    """Where trajectories come from: `sampling.n` per problem, yielded as each finishes."""
-
-    def generate(
-        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
-    ) -> AsyncIterator[RolloutResult]: ...
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """A source that can also roll out chosen (problem, sample index) pairs."""
-
-    def generate(
-        self, problems: Sequence[RolloutTask], sampling: RolloutSampling
-    ) -> AsyncIterator[RolloutResult]: ...
-
-    def generate_samples(
-        self, samples: Sequence[tuple[RolloutTask, int]], sampling: RolloutSampling
-    ) -> AsyncIterator[RolloutResult]: ...
-
-
-class Grader(Protocol[P_contra]):
-    """Scores a finished trajectory of `problem`: sets `trajectory.reward`, returns the grade."""
-
-    async def score(self, problem: P_contra, trajectory: Trajectory) -> Any: ...
 
 
 class Meter(Protocol):
@@ -83,12 +63,15 @@ class Meter(Protocol):
 
 @dataclass
 class Collected(Generic[P]):
-    """Graded trajectories of one batch, with the wall times of the phases."""
+    """Graded trajectories of one step (or evaluation), with the wall times of the phases: what
+    `collect` and `RolloutPool.next_batch` both return."""
 
-    problems: list[P]
-    trajectories: list[Trajectory]  # grouped by problem, in sample order
+    problems: list[P]  # asked (`collect`) or taken (`next_batch`), in that order
+    trajectories: list[Trajectory]  # grouped by problem (that order), in sample order
     failed_jobs: list[str] = field(default_factory=list)  # 'id#index: engine: why' per failed job
-    rollout_s: float = 0.0  # first job submitted -> last trajectory back
+    failed_groups: int = 0  # groups none of whose jobs could be graded
+    carried: int = 0  # groups left running or waiting in a pool (0 for `collect`)
+    rollout_s: float = 0.0  # waiting for trajectories: first submitted (or the call) -> last back
     grade_tail_s: float = 0.0  # grading left after the last trajectory came back
     engine_idle_s: float = 0.0  # summed over engines, while the rollout was open
     tool_s: float = 0.0  # summed time trajectories waited on the sandbox
@@ -100,10 +83,7 @@ class Collected(Generic[P]):
         problems: Sequence[P],
         trajectories: Iterable[Trajectory],
         failed_jobs: list[str],
-        *,
-        rollout_s: float,
-        grade_tail_s: float,
-        engine_idle_s: float,
+        **times: Any,
     ) -> Collected[P]:
         """Trajectories put back in batch order (problem, then sample) and their summed times."""
         order = {p.id: i for i, p in enumerate(problems)}
@@ -112,17 +92,36 @@ class Collected(Generic[P]):
             problems=list(problems),
             trajectories=ordered,
             failed_jobs=failed_jobs,
-            rollout_s=rollout_s,
-            grade_tail_s=grade_tail_s,
-            engine_idle_s=engine_idle_s,
             tool_s=sum(t.timings.tool_s for t in ordered),
             generate_s=sum(t.timings.generate_s for t in ordered),
+            **times,
         )
+
+    @property
+    def groups(self) -> list[P]:
+        """The problems with at least one graded trajectory (the groups a step trains)."""
+        graded = {t.group_id for t in self.trajectories}
+        return [p for p in self.problems if p.id in graded]
+
+    def step_metrics(self) -> dict[str, Any]:
+        """The rollout part of a training step's record, one shape for every way of stepping."""
+        return {
+            "groups": [p.id for p in self.groups],
+            "groups_trained": len(self.groups),
+            "groups_carried": self.carried,
+            "groups_failed": self.failed_groups,
+            "failed_jobs": len(self.failed_jobs),
+            "time_rollout_s": self.rollout_s,
+            "time_grade_tail_s": self.grade_tail_s,
+            "time_tool_s": self.tool_s,
+            "time_generate_s": self.generate_s,
+            "engine_idle_s": self.engine_idle_s,
+        }
 
 
 async def collect(
     source: TrajectorySource,
-    grader: Grader[P],
+    scorer: Scorer[P],
     problems: Sequence[P],
     n: int,
     config: RolloutConfig,
@@ -133,67 +132,47 @@ async def collect(
     on_graded: Callable[[P, Trajectory, Any], None] | None = None,
     max_failures: int | None = None,
 ) -> Collected[P]:
-    """Roll out `n` trajectories per problem (or exactly `samples`) and grade each as it ends.
+    """Roll out `n` trajectories per problem (or exactly `samples`) and grade each as it ends:
+    one submission on `GradedGroups`, waited for whole.
 
     `on_done` is called once per finished job, `on_graded(problem, trajectory, grade)` once per
-    graded trajectory; a grading error is raised once every grading task has ended.
+    graded trajectory; a grading (or source) error is raised once every grading task has ended.
     """
-    chosen = samples is not None
-    if samples is None:
-        samples = [(p, i) for p in problems for i in range(n)]
-        problems = list(problems)
-    else:
+    if samples is not None:
         problems = list({p.id: p for p, _ in samples}.values())
-    if not samples:  # e.g. a hard subset that came out empty, a finished evaluation
+    if (samples is not None and not samples) or not problems:  # e.g. an empty hard subset
         return Collected(problems=list(problems), trajectories=[])
-    by_id = {p.id: p for p in problems}
-    sampling = RolloutSampling.of(config, n)
-    asked = {p.id: RolloutTask(p.id, p.question) for p in problems}
-    if not chosen:
-        stream = source.generate(list(asked.values()), sampling)
-    elif isinstance(source, SampleSource):
-        stream = source.generate_samples([(asked[p.id], i) for p, i in samples], sampling)
-    else:
-        raise TypeError(f"{type(source).__name__} cannot roll out chosen samples")
-    trajectories: list[Trajectory] = []
-    failed: list[str] = []
-    grading: list[asyncio.Task[None]] = []
-
-    async def grade(problem: P, traj: Trajectory) -> None:
-        outcome = await grader.score(problem, traj)
-        if on_graded is not None:
-            on_graded(problem, traj, outcome)
-
+    core: GradedGroups[P] = GradedGroups(source, scorer)
     for meter in meters:
         meter.open()
-    start = time.perf_counter()
     try:
-        async for result in stream:
-            traj = result.trajectory
-            if traj.finish_reason == "error":  # the engine or the sandbox failed, not the model
-                why = f"{result.engine}: {traj.error}".lstrip(": ")
-                failed.append(f"{traj.group_id}#{traj.sample_index}: {why}")
-                if max_failures is not None and len(failed) >= max_failures:
-                    break
-            else:
-                trajectories.append(traj)
-                grading.append(asyncio.create_task(grade(by_id[traj.group_id], traj)))
-            if on_done is not None:
-                on_done()
+        sub = core.submit(
+            problems,
+            n,
+            config,
+            samples=samples,
+            max_failures=max_failures,
+            on_done=on_done,
+            on_graded=on_graded,
+        )
+        try:
+            await sub.streamed.wait()
+        except BaseException:  # cancelled: close the stream, so the source stops its jobs
+            await core.close()
+            raise
     finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        rollout_s = time.perf_counter() - start
         idle = sum(meter.close_window() for meter in meters)
-        tail_start = time.perf_counter()
-        await asyncio.gather(*grading, return_exceptions=True)
-    for task in grading:
-        task.result()  # a grading error surfaces here
+    rollout_s = (sub.streamed_at or sub.started_at) - sub.started_at
+    tail_start = time.perf_counter()
+    await core.settled(sub)
+    for group in sub.groups.values():
+        if group.error is not None:
+            raise group.error
     return Collected.of(
         problems,
-        trajectories,
-        failed,
+        sub.trajectories,
+        sub.failed_jobs,
+        failed_groups=sum(1 for g in sub.groups.values() if g.failed and not g.trajectories),
         rollout_s=rollout_s,
         grade_tail_s=time.perf_counter() - tail_start,
         engine_idle_s=idle,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
@@ -79,6 +79,36 @@ class VLLMEngineConfig(_EngineConfig):
         description="At a weight update: wait for the running turns to end on the old weights, "
         'or abort them (their tokens so far come back "interrupted"; the loop resumes them).',
     )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of the device vLLM's start-up check asks to find free (it refuses to "
+        "start below share x total); None: the engine's own need (weights / TP + KV cache + "
+        "2 GiB) over the device's total (engines/startup.py). Ignored on CPU.",
+    )
+    device_ids: tuple[int, ...] | None = Field(
+        default=None,
+        description="Visible device indices the engine runs on, one per tensor-parallel rank; "
+        "None: the first ones. Cluster placement sets them from Ray's assignment.",
+    )
+    max_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        le=512,
+        description="Serve the base model with LoRA enabled, taking adapters up to this rank "
+        "(`load_adapter`; vLLM's buffers are sized for the next of 8, 16, 32, ...); None: no "
+        "LoRA. The trainer sets it for a LoRA policy that syncs adapters.",
+    )
+
+    @model_validator(mode="after")
+    def _one_device_per_rank(self) -> Self:
+        if self.device_ids is not None and len(self.device_ids) != self.tensor_parallel_size:
+            raise ValueError(
+                f"device_ids {list(self.device_ids)} must name one device per tensor-parallel "
+                f"rank ({self.tensor_parallel_size})"
+            )
+        return self
 
 
 class HFEngineConfig(_EngineConfig):
@@ -179,40 +209,6 @@ class KVAwarePolicy(_KVAdmission):
     kind: Literal["kv_aware"] = "kv_aware"
 
 
-class KVProgressPolicy(_KVAdmission):
-    """Like kv_aware, but every turn is admitted on the exact worst case of the engine's future KV
-    use given how far each running turn has come (`kvbound.peak_kv_tokens`): still no preemption,
-    more trajectories at once. Engines that report no progress count every turn at its worst case.
-    """
-
-    kind: Literal["kv_progress"] = "kv_progress"
-    headroom: float = Field(
-        default=0.01,
-        ge=0,
-        lt=1,
-        description="Share of each engine's KV cache never planned for (the engine's watermark).",
-    )
-    lag_steps: int = Field(
-        default=32,
-        ge=0,
-        description="Decode steps a turn may fall behind the others (a late start, a skipped step).",
-    )
-
-
-class StaticPolicy(BaseModel):
-    """Pre-assign every job of a batch to an engine and start everything at once."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["static"] = "static"
-    split: Literal["chunks", "round_robin"] = Field(
-        default="chunks",
-        description=(
-            "chunks: engine e takes the e-th contiguous slice of the batch, so a problem's samples"
-            " share an engine (verl's data-parallel dispatch); round_robin: job i to engine i mod E."
-        ),
-    )
-
-
 class LeastRequestsPolicy(BaseModel):
     """Send each job to the engine running the fewest jobs; it stays there."""
 
@@ -223,96 +219,11 @@ class LeastRequestsPolicy(BaseModel):
     )
 
 
-class PowerOfTwoPolicy(BaseModel):
-    """sglang-router's power of two choices: of two engines drawn at random, the less loaded."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["power_of_two"] = "power_of_two"
-    seed: int = Field(default=0, description="Seed of the draws.")
-
-
-class CacheAwarePolicy(BaseModel):
-    """sglang-router's cache-aware routing: where the prompt is cached unless the load is
-    imbalanced (then the shortest queue); no match: the engine with the least cached."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["cache_aware"] = "cache_aware"
-    balance_abs_threshold: int = Field(
-        default=64, ge=0, description="Imbalanced when max - min running exceeds this ..."
-    )
-    balance_rel_threshold: float = Field(
-        default=1.5, ge=1, description="... and max exceeds this many times min."
-    )
-
-
-class LeastTokensPolicy(BaseModel):
-    """Send each job to the engine with the fewest outstanding tokens (KV in use + queued)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["least_tokens"] = "least_tokens"
-
-
-class ForecastPolicy(BaseModel):
-    """A central queue; a job starts on the least-loaded engine below its limit: the engine's KV
-    over the forecast mean context of a running job (length distribution from this batch's
-    finished and running jobs), backed off when the engine preempts (see `research/forecast.py`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["forecast"] = "forecast"
-    prior_share: float = Field(
-        default=0.5,
-        gt=0,
-        le=1,
-        description="Mean response length (share of the budget) assumed before any is known.",
-    )
-    headroom: float = Field(
-        default=0.0, ge=0, lt=1, description="Share of each engine's KV cache never planned for."
-    )
-    target_share: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="KV share in use below which an engine that has not preempted takes more.",
-    )
-    max_running_fallback: int = Field(
-        default=256,
-        gt=0,
-        description="Jobs per engine at most where the engine reports no max_running (and the"
-        " whole limit where it reports no KV capacity).",
-    )
-    backoff: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="An engine that preempted takes new jobs only below this share of its"
-        " running ones (then one more per recheck while it does not preempt).",
-    )
-    recheck_interval_s: float = Field(
-        default=0.5, gt=0, description="How often waiting jobs re-read the engines."
-    )
-    reorder_interval_s: float = Field(
-        default=5.0, ge=0, description="How often the length forecast (and the order) is redone."
-    )
-    order: Literal["fifo", "longest_expected"] = Field(
-        default="fifo",
-        description="Queue order: as submitted, or problems with the longest expected samples"
-        " first (measured slower in the simulator; see SCHEDULER.md).",
-    )
-
-
-# How the scheduler picks an engine for each job, one config class per `kind`. (The model being
+# How the scheduler picks an engine for each job, one config class per `kind`: the policies the
+# project recommends (least_requests, measured best overall; kv_aware, the paper's rule). The
+# research policies are configured from `rstar2_rollout.research.config` only. (The model being
 # trained is the trainer's `Policy`; this one names no model.)
-SchedulingPolicy = Annotated[
-    ForecastPolicy
-    | KVAwarePolicy
-    | KVProgressPolicy
-    | StaticPolicy
-    | LeastRequestsPolicy
-    | PowerOfTwoPolicy
-    | CacheAwarePolicy
-    | LeastTokensPolicy,
-    Field(discriminator="kind"),
-]
+SchedulingPolicy = Annotated[LeastRequestsPolicy | KVAwarePolicy, Field(discriminator="kind")]
 
 
 class SchedulerConfig(BaseModel):

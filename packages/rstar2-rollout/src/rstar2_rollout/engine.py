@@ -6,9 +6,10 @@ Engines work in token ids: the agent loop appends ids and never re-tokenises ear
 Two optional capabilities sit on top: `SleepingEngine` (free accelerator memory while a colocated
 trainer updates; a caller checks `isinstance(engine, SleepingEngine) and engine.can_sleep`) and
 `ProgressEngine` (how far each running request has come, which lets the scheduler's
-`kv_progress` policy bound the engine's future KV use), and `StreamingEngine` (weights loaded
-bucket by bucket in the engine's dtype, so a sync never needs a whole copy of the model). This
-module holds no engine.
+`kv_progress` policy bound the engine's future KV use), `StreamingEngine` (weights loaded
+bucket by bucket in the engine's dtype, so a sync never needs a whole copy of the model) and
+`AdapterEngine` (the base model served with LoRA, each new adapter version loaded as a whole:
+a sync of megabytes). This module holds no engine.
 """
 
 from __future__ import annotations
@@ -172,4 +173,30 @@ class StreamingEngine(Engine, Protocol):
 
     async def finish_weights(self) -> None:
         """Post-load processing, prefix cache reset, held requests released."""
+        raise NotImplementedError  # Protocol
+
+
+@runtime_checkable
+class AdapterEngine(Engine, Protocol):
+    """Optional: an `Engine` that serves its base model with a LoRA adapter (`adapter.Adapter`).
+
+    `load_adapter(adapter)` makes the adapter the engine's policy: requests submitted after it
+    returns run with it and carry the next `weights_version`; requests already running finish
+    with the adapter they started with (their version), unless the engine aborts them at a push
+    (`at_push: abort`). The base weights never change. `adapter_dtype` is the dtype the sender
+    casts the adapter's tensors to; `max_lora_rank` the largest rank it takes (None: LoRA is off
+    and `load_adapter` raises)."""
+
+    @property
+    def adapter_dtype(self) -> Any:
+        """The torch dtype the engine's adapters compute in."""
+        raise NotImplementedError  # Protocol
+
+    @property
+    def max_lora_rank(self) -> int | None:
+        """The largest adapter rank the engine takes; None when it serves no adapters."""
+        raise NotImplementedError  # Protocol
+
+    async def load_adapter(self, adapter: Any) -> None:
+        """Make `adapter` (an `adapter.Adapter`) the policy of the requests submitted next."""
         raise NotImplementedError  # Protocol

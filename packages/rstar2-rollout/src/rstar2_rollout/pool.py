@@ -1,293 +1,285 @@
-"""Partial rollouts: whole groups as they finish, the rest kept in flight across calls.
+"""Asynchronous steps: groups in flight across training steps, each trained whole, none discarded.
 
-`RolloutPool` is `collect` for a step that does not wait for its slowest trajectory (issue #30,
-item 3). `submit(problems, n, config)` starts `n` samples of each problem on the source (one
-`generate` stream per submission, graded as each trajectory arrives, as `collect` does) and
-returns at once; `next_batch(groups, version)` returns the first `groups` groups to finish
-(a group, the `n` samples of one problem, is the unit: it enters a batch only whole) and leaves
-every other group running on the engines, to finish during a later call.
+`RolloutPool` runs on the same core as `collect` (`GradedGroups`, groups.py): a submission is
+one `generate` stream whose trajectories are graded as they arrive, and a group (the `n` samples
+of one problem in one submission) enters a batch only whole. What the pool adds is when a
+submission starts and which groups a step takes, so that a run trains on what it drew:
 
-`order="submission"` (one-step-off steps): `next_batch` returns the groups of the oldest
-submission still in the pool, waiting for each of them, and stops where that submission ends;
-later submissions keep running meanwhile. A caller that submits the next step's batch before it
-trains then trains every batch whole, one step after it was submitted.
+- **Throttled at submission.** At most `(max_staleness + 1) x groups_per_step` groups are
+  started and not yet taken (AReaL's capacity rule). `submit` queues a submission; it starts
+  (whole, one stream) as soon as it fits and the pool is not paused. `room` says how many more
+  groups would fit: a caller draws batches ahead while a whole one does (the first step, a
+  resumed run), and one batch a step after that.
+- **Due groups first.** Each `next_batch` call is one step. A group started `max_staleness` or
+  more steps before the call is due: the call takes every due group (oldest submission first,
+  waiting for each to finish), so no group waits more than `max_staleness` steps between its
+  start and its training. With the capacity rule the due groups fit in one batch while the
+  caller pushes one weights version a step; when they do not, the oldest are taken and the rest
+  stay due. The batch is then filled with finished groups, oldest submission first (Tinker's
+  cookbook), waiting for the next to finish when none is.
+- **Nothing discarded.** No group is dropped for its staleness: its tokens carry the weights
+  version they were sampled with (`Generation.weights_version`) and the trainer corrects for it
+  (off-policy correction). A running trajectory goes on over a weight push; the engine finishes
+  its running turn on the old weights first (`at_push: wait`) or aborts it and the loop resumes
+  it on the new ones (`at_push: abort`). Only a group all of whose jobs failed is not returned
+  (`failed_groups`).
+- **Paused, not drained.** `paused()` holds what has not started (queued submissions) and, on a
+  source that takes a gate (`RolloutService` whose scheduler starts every job at once, the
+  default least_requests), the next turn of every running trajectory; turns and tool calls
+  already running finish. Checkpoints and stage switches (evaluations, the hard-subset pass) run
+  inside it; the groups go on afterwards. Elsewhere running trajectories go on generating.
+- `order="submission"` (one-step-off steps): `next_batch` returns the oldest submission's groups,
+  waiting for each, and stops where that submission ends, while later submissions run.
 
-- Versions: nothing here sets them. A trajectory still running when the caller pushes new
-  weights goes on; the engine tags the tokens with the weights they ran on
-  (`Generation.weights_version`), so a carried trajectory's later tokens carry the new version.
-  At a push a vLLM engine either finishes its running turns on the old weights first
-  (`at_push: wait`, the push waits for them) or aborts them, and the loop resumes each on the
-  new weights from where it stopped (`at_push: abort`: one turn then spans two versions).
-- Staleness: a finished group whose oldest token is more than `max_staleness` versions behind
-  `version` (the trainer's, passed to `next_batch`) is dropped, counted in `stale_dropped`, and
-  `next_batch` waits for another in its place. Groups with no known version are kept.
-- One group per problem per batch: when a problem was submitted again (a later step drew it
-  while its earlier group still ran) and both finish, the second waits for the next batch, so a
-  batch's groups never merge under one group id.
-- Failed jobs (finish_reason "error": the engine or the sandbox failed) are neither graded nor
-  returned, as in `collect`; a group counts as finished when each of its `n` jobs has ended,
-  and one whose jobs all failed is dropped (counted in `failed_groups`).
-- `drain()` cancels every running stream and discards the finished groups not yet taken (the
-  count it returns): what a stage switch, an evaluation or a checkpoint needs so that the pool
-  is empty at a point a resumed run restarts from. `close()` is `drain()` for the end.
-
-`finished` counts the groups that finished since the pool started (the caller reads it around
-other work, e.g. an update, to see what finished meanwhile).
-
-`next_batch` returns fewer groups only when nothing is left running. A grading error is raised by
-the `next_batch` that would have returned its group. Not covered: cancelling one group of a
-submission (streams end whole), and weights (the caller pushes them).
+One group per problem per batch: when a problem was submitted again while its earlier group
+still ran, the second waits for a later batch. A grading or source error is raised by the
+`next_batch` that would have returned its group. `pending()` lists what was drawn and not
+taken, per submission (a checkpoint records it; a resumed run submits it again, since nothing
+in flight survives a restart). `close()` cancels everything (the end of a run). Not covered:
+weights (the caller pushes them), which problems to draw (the caller's curriculum).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
 
-from rstar2_rollout.collect import Grader, Meter, TrajectorySource
+from rstar2_rollout.collect import Collected, Meter
 from rstar2_rollout.config import RolloutConfig
-from rstar2_rollout.loop import ProblemLike, RolloutTask
-from rstar2_rollout.service import RolloutSampling
-from rstar2_rollout.trajectory import Trajectory
+from rstar2_rollout.groups import GradedGroups, Group, Scorer, TrajectorySource
+from rstar2_rollout.loop import ProblemLike
 
-__all__ = ["PoolBatch", "RolloutPool"]
+__all__ = ["Pending", "RolloutPool"]
 
 P = TypeVar("P", bound=ProblemLike)
 
 
-@dataclass
-class _Group(Generic[P]):
-    """One problem's `n` samples of one submission, filling up as its jobs end."""
+@dataclass(frozen=True)
+class Pending(Generic[P]):
+    """A submission's problems not taken yet, with what they were submitted with and how many
+    steps ago it started (0 while queued)."""
 
-    problem: P
+    problems: list[P]
     n: int
-    submitted: int  # the submission's number: older groups first when both are ready
-    trajectories: list[Trajectory] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    arrived: int = 0  # jobs the source returned
-    ended: int = 0  # jobs ended (graded or failed)
-    error: BaseException | None = None  # a grading error, raised by next_batch
-
-    @property
-    def oldest_version(self) -> int | None:
-        known = [v for t in self.trajectories if (v := t.oldest_version) is not None]
-        return min(known, default=None)
-
-
-@dataclass
-class PoolBatch(Generic[P]):
-    """The groups one `next_batch` call returns, and what happened to the others meanwhile."""
-
-    problems: list[P]  # one per group, as taken (of the finished ones, the oldest submitted)
-    trajectories: list[Trajectory]  # grouped by problem (that order), in sample order
-    failed_jobs: list[str] = field(default_factory=list)  # 'id#index: engine: why'
-    stale_dropped: int = 0  # groups dropped for staleness during this call
-    failed_groups: int = 0  # groups whose every job failed, during this call
-    carried: int = 0  # groups left in the pool (running or finished, not taken)
-    wait_s: float = 0.0  # the call's wall time: waiting for the groups to finish
-    engine_idle_s: float = 0.0  # summed over the meters, over the call
-    tool_s: float = 0.0  # summed over the returned trajectories
-    generate_s: float = 0.0
+    config: RolloutConfig
+    age: int = 0
 
 
 class RolloutPool(Generic[P]):
-    """Groups of trajectories in flight across steps (see module docstring)."""
+    """Groups in flight across steps (see the module docstring)."""
 
     def __init__(
         self,
         source: TrajectorySource,
-        grader: Grader[P],
+        scorer: Scorer[P],
         *,
-        max_staleness: int = 0,
+        groups_per_step: int,
+        max_staleness: int = 1,
         order: Literal["finish", "submission"] = "finish",
     ) -> None:
+        if groups_per_step < 1:
+            raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if order not in ("finish", "submission"):
             raise ValueError(f"order must be 'finish' or 'submission', got {order!r}")
-        self.order = order
-        self.source = source
-        self.grader = grader
+        self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
-        self._submissions = 0
-        self.finished = 0  # groups that finished (every job ended), since the pool started
-        self._running: dict[tuple[int, str], _Group[P]] = {}  # (submission, problem id)
-        self._ready: list[_Group[P]] = []  # finished, not taken, in finish order
-        self._changed = asyncio.Event()
-        self._feeds: set[asyncio.Task[None]] = set()
-        self._grading: set[asyncio.Task[None]] = set()
+        self.order = order
+        self.capacity = (max_staleness + 1) * groups_per_step
+        self.steps = 0  # next_batch calls made
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._pauses = 0
+        self.core: GradedGroups[P] = GradedGroups(source, scorer, gate=self._gate)
+        self._queued: list[Pending[P]] = []
+        self._started: dict[int, int] = {}  # submission number -> the step it started in
+
+    @property
+    def finished(self) -> int:
+        """Groups that finished (every job ended) since the pool started."""
+        return self.core.finished
 
     @property
     def in_flight(self) -> int:
-        """Groups with a job still running."""
-        return len(self._running)
+        """Groups started and not taken yet (running or finished)."""
+        return sum(len(s.groups) for s in self.core.submissions.values())
 
     @property
-    def waiting(self) -> int:
-        """Finished groups not taken yet."""
-        return len(self._ready)
+    def queued(self) -> int:
+        """Groups submitted and not started yet."""
+        return sum(len(q.problems) for q in self._queued)
 
-    def submit(self, problems: Sequence[P], n: int, config: RolloutConfig) -> None:
-        """Start `n` samples of each problem (sampled as `config` says); returns at once."""
-        if not problems:
-            return
-        self._submissions += 1
-        number = self._submissions
-        groups = {p.id: _Group(p, n, number) for p in problems}
-        if len(groups) != len(problems):
-            raise ValueError("a submission names one problem twice")
-        for pid, group in groups.items():
-            self._running[(number, pid)] = group
-        tasks = [RolloutTask(p.id, p.question) for p in problems]
-        stream = self.source.generate(tasks, RolloutSampling.of(config, n))
-        feed = asyncio.create_task(self._feed(number, stream))
-        self._feeds.add(feed)
-        feed.add_done_callback(self._feeds.discard)
+    @property
+    def room(self) -> int:
+        """Groups that would still fit under the capacity."""
+        return self.capacity - self.in_flight - self.queued
 
-    async def _feed(self, number: int, stream: Any) -> None:
+    def submit(self, problems: Sequence[P], n: int, config: RolloutConfig, *, age: int = 0) -> None:
+        """Queue `n` samples of each problem (sampled as `config` says); they start as soon as
+        they fit. Returns at once. `age`: steps to count as already spent in the pool (a
+        resumed run's `pending()` from its checkpoint, so what was due stays due)."""
+        if problems:
+            if len({p.id for p in problems}) != len(problems):
+                raise ValueError("a submission names one problem twice")
+            self._queued.append(Pending(list(problems), n, config, age))
+            self._start_queued()
+
+    def _start_queued(self) -> None:
+        while self._queued and self._pauses == 0:
+            first = self._queued[0]
+            if self.in_flight and self.in_flight + len(first.problems) > self.capacity:
+                return
+            self._queued.pop(0)
+            sub = self.core.submit(first.problems, first.n, first.config)
+            self._started[sub.number] = self.steps - first.age
+
+    def pending(self) -> list[Pending[P]]:
+        """What was submitted and not taken, per submission, oldest first."""
+        started = [
+            Pending(
+                [g.problem for g in s.groups.values()],
+                s.n,
+                s.config,
+                self.steps - self._started[s.number],
+            )
+            for s in self.core.submissions.values()
+            if s.groups
+        ]
+        return started + list(self._queued)
+
+    @asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Hold new starts and the next turns of running trajectories (see module docstring)."""
+        self._pauses += 1
+        self._gate.clear()
         try:
-            async for result in stream:
-                traj = result.trajectory
-                group = self._running.get((number, traj.group_id))
-                if group is None:  # drained meanwhile
-                    continue
-                group.arrived += 1
-                if traj.finish_reason == "error":
-                    why = f"{result.engine}: {traj.error}".lstrip(": ")
-                    group.failed.append(f"{traj.group_id}#{traj.sample_index}: {why}")
-                    self._ended(number, group)
-                else:
-                    task = asyncio.create_task(self._grade(number, group, traj))
-                    self._grading.add(task)
-                    task.add_done_callback(self._grading.discard)
-        except Exception as exc:  # the source failed: every group of it ends with the reason
-            for (num, _pid), group in list(self._running.items()):
-                if num == number:
-                    group.error = group.error or exc
-                    group.ended = group.n
-                    self._finish(num, group)
-        else:  # a stream that ended short: the missing jobs failed
-            for (num, pid), group in list(self._running.items()):
-                if num == number and group.arrived < group.n:
-                    missing = group.n - group.arrived
-                    group.failed.append(f"{pid}: the source returned {group.arrived} of {group.n}")
-                    group.arrived = group.n
-                    group.ended += missing - 1
-                    self._ended(num, group)
+            yield
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            self._pauses -= 1
+            if self._pauses == 0:
+                self._gate.set()
+                self._start_queued()
 
-    async def _grade(self, number: int, group: _Group[P], traj: Trajectory) -> None:
-        try:
-            await self.grader.score(group.problem, traj)
-            group.trajectories.append(traj)
-        except Exception as exc:
-            group.error = group.error or exc
-        self._ended(number, group)
+    async def step(
+        self,
+        problems: Sequence[P],
+        n: int,
+        config: RolloutConfig,
+        *,
+        ahead: Callable[[int], tuple[Sequence[P], RolloutConfig]],
+        meters: Sequence[Meter] = (),
+        on_group: Callable[[P], None] | None = None,
+    ) -> tuple[Collected[P], list[P]]:
+        """One training step's rollout, as the trainer drives it: submit the step's `problems`,
+        draw batches ahead (`ahead(k)`: the k-th one's problems and config) while a whole one
+        still fits (the first step, a resumed run), then take the step's groups
+        (`next_batch`). Returns the batch and every problem drawn for it."""
+        self.submit(problems, n, config)
+        drawn = list(problems)
+        k = 0
+        while problems and self.room >= len(problems):
+            more, more_config = ahead(k)
+            if not more:
+                break
+            self.submit(more, n, more_config)
+            drawn += more
+            k += 1
+        batch = await self.next_batch(len(problems) or None, meters=meters, on_group=on_group)
+        return batch, drawn
 
-    def _ended(self, number: int, group: _Group[P]) -> None:
-        group.ended += 1
-        if group.ended >= group.n:
-            self._finish(number, group)
-
-    def _finish(self, number: int, group: _Group[P]) -> None:
-        if self._running.pop((number, group.problem.id), None) is not None:
-            self.finished += 1
-            self._ready.append(group)
-            self._changed.set()
+    def _age(self, group: Group[P]) -> int:
+        return self.steps - self._started[group.submission]
 
     async def next_batch(
         self,
-        groups: int,
-        version: int,
+        groups: int | None = None,
         *,
         meters: Sequence[Meter] = (),
         on_group: Callable[[P], None] | None = None,
-    ) -> PoolBatch[P]:
-        """The first `groups` groups to finish (fewer only when nothing is left running), none
-        more than `max_staleness` versions behind `version`; the rest stay in the pool. With
-        `order="submission"`, the oldest submission's groups (fewer when it has fewer left)."""
+    ) -> Collected[P]:
+        """This step's groups (`groups_per_step` unless given): due groups first, then the
+        oldest finished; with `order="submission"`, the oldest submission's groups. Fewer only
+        when nothing is left that could finish."""
+        want = self.groups_per_step if groups is None else groups
         for meter in meters:
             meter.open()
         start = time.perf_counter()
-        batch: PoolBatch[P] = PoolBatch(problems=[], trajectories=[])
-        taken: list[_Group[P]] = []
-        whole = self._oldest_submission() if self.order == "submission" else None
+        taken: list[Group[P]] = []
+        failed_jobs: list[str] = []
+        failed_groups = 0
+        self._start_queued()
+        whole = self._oldest() if self.order == "submission" else None
         try:
-            while len(taken) < groups:
-                if whole is not None and not self._holds(whole):
-                    break  # the submission ended: its groups taken, dropped or failed
-                group = self._take({g.problem.id for g in taken}, whole)
-                if group is None:
-                    if not self._running:
-                        break  # nothing left that could finish
-                    self._changed.clear()
-                    await self._changed.wait()
+            while len(taken) < want:
+                self._start_queued()
+                group = self._pick({g.problem.id for g in taken}, whole)
+                if group is _STOP:
+                    break
+                if not isinstance(group, Group):  # one the batch must have is still running
+                    await self.core.changed()
                     continue
+                self.core.take(group)
                 if group.error is not None:
                     raise group.error
-                batch.failed_jobs += group.failed
-                oldest = group.oldest_version
+                failed_jobs += group.failed
                 if not group.trajectories:
-                    batch.failed_groups += 1
-                elif oldest is not None and version - oldest > self.max_staleness:
-                    batch.stale_dropped += 1
-                else:
-                    taken.append(group)
-                    if on_group is not None:
-                        on_group(group.problem)
+                    failed_groups += 1
+                    continue
+                taken.append(group)
+                if on_group is not None:
+                    on_group(group.problem)
         finally:
-            batch.engine_idle_s = sum(meter.close_window() for meter in meters)
-        for group in taken:
-            batch.problems.append(group.problem)
-            batch.trajectories += sorted(group.trajectories, key=lambda t: t.sample_index)
-        batch.carried = len(self._running) + len(self._ready)
-        batch.wait_s = time.perf_counter() - start
-        batch.tool_s = sum(t.timings.tool_s for t in batch.trajectories)
-        batch.generate_s = sum(t.timings.generate_s for t in batch.trajectories)
+            idle = sum(meter.close_window() for meter in meters)
+        self.steps += 1
+        self._start_queued()
+        trajectories = [t for g in taken for t in g.ordered()]
+        batch = Collected.of(
+            [g.problem for g in taken],
+            trajectories,
+            failed_jobs,
+            failed_groups=failed_groups,
+            carried=self.in_flight + self.queued,
+            rollout_s=time.perf_counter() - start,
+            engine_idle_s=idle,
+        )
         return batch
 
-    def _take(self, taken_ids: set[str], submission: int | None) -> _Group[P] | None:
-        """The oldest-submitted ready group whose problem is not in the batch yet (of
-        `submission` only, when given)."""
-        eligible = [
-            g
-            for g in self._ready
-            if g.problem.id not in taken_ids and submission in (None, g.submitted)
-        ]
-        if not eligible:
-            return None
-        group = min(eligible, key=lambda g: g.submitted)
-        self._ready.remove(group)
-        return group
-
-    def _oldest_submission(self) -> int | None:
-        numbers = [n for n, _ in self._running] + [g.submitted for g in self._ready]
+    def _oldest(self) -> int | None:
+        numbers = [s.number for s in self.core.submissions.values() if s.groups]
         return min(numbers, default=None)
 
-    def _holds(self, submission: int) -> bool:
-        """Whether a group of `submission` is still running or waiting to be taken."""
-        return any(n == submission for n, _ in self._running) or any(
-            g.submitted == submission for g in self._ready
-        )
+    def _pick(self, taken: set[str], whole: int | None) -> Group[P] | object:
+        """The next group to take (finished), `_WAIT` while the batch needs one still running,
+        `_STOP` when nothing more can join the batch."""
+        running = [g for g in self.core.running() if g.problem.id not in taken]
+        ready = [g for g in self.core.ready if g.problem.id not in taken]
+        if whole is not None or self.order == "submission":  # the oldest submission, whole
+            if whole is None:
+                return _STOP
+            mine = [g for g in ready if g.submission == whole]
+            if mine:
+                return mine[0]
+            return _WAIT if any(g.submission == whole for g in running) else _STOP
+        due = [g for g in ready + running if self._age(g) >= self.max_staleness]
+        if due:
+            oldest = min(g.submission for g in due)
+            first = [g for g in ready if g.submission == oldest and g in due]
+            return first[0] if first else _WAIT
+        if ready:
+            return min(ready, key=lambda g: g.submission)
+        return _WAIT if running else _STOP
 
-    async def drain(self) -> int:
-        """Cancel every running group and discard the finished ones; how many groups went."""
-        gone = len(self._running) + len(self._ready)
-        feeds = list(self._feeds)
-        for feed in feeds:
-            feed.cancel()
-        await asyncio.gather(*feeds, return_exceptions=True)
-        await asyncio.gather(*list(self._grading), return_exceptions=True)
-        self._running.clear()
-        self._ready.clear()
+    async def close(self) -> int:
+        """Cancel everything (the end of a run); how many groups were not taken."""
+        gone = self.queued + await self.core.close()
+        self._queued.clear()
         return gone
 
-    async def close(self) -> None:
-        """Stop everything (the end of a run)."""
-        await self.drain()
+
+_WAIT = object()  # `_pick`: the batch needs a group still running
+_STOP = object()  # `_pick`: nothing more can join this batch

@@ -32,9 +32,10 @@ lifecycle; the policy is one `admission.Admission` object built once from `Sched
   policy overall (SCHEDULER.md): KV-aware admission gives up more batch than it saves.
 - `power_of_two`, `cache_aware` (sglang-router), `least_tokens`: see `research/peers.py`.
 
-`least_requests` and `kv_aware` live in `admission.py`; the others (kv_progress, forecast, the
-peers) are research code in `rstar2_rollout.research`, imported by `make_admission` only when
-the config names one, so `import rstar2_rollout` never loads them.
+`least_requests` and `kv_aware` live in `admission.py` and are what `SchedulerConfig` offers;
+the others (kv_progress, forecast, the peers) are research code in `rstar2_rollout.research`,
+configured with `research.config.ResearchSchedulerConfig` and imported by `make_admission` only
+when the config names one, so `import rstar2_rollout` never loads them.
 
 Engine failure: a `generate` that raises or answers `finish_reason="error"` `max_engine_errors`
 times in a row, or a `kv_capacity()` probe that raises, marks the engine dead. Its running jobs
@@ -219,6 +220,13 @@ class Scheduler(Generic[T]):
                 EngineStatus(s.engine.name, s.alive, len(s.running), reserved, cap, s.dead_reason)
             )
         return out
+
+    @property
+    def starts_every_job(self) -> bool:
+        """Whether every job starts at once, whatever runs (least_requests without a cap): a job
+        waiting between its turns then keeps nothing from another job."""
+        policy = self.config.policy
+        return isinstance(policy, LeastRequestsPolicy) and policy.max_running_per_engine is None
 
     def fits(self, reserve_tokens: int) -> bool:
         """Whether some live engine could ever hold a job of this size (the KV policies limit)."""

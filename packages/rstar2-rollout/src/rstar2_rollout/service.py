@@ -1,12 +1,21 @@
 """The rollout service: problems and sampling settings in, trajectories out, on this node's engines.
 
 `RolloutService` owns a `Scheduler` over the node's engines and an injected coroutine
-`produce(problem, sample_index, engine, sampling) -> Trajectory`; `agent_producer` builds it
-from the agent loop (`run_agent`, which derives per-sample, per-turn seeds from the request seed).
-For every problem it runs `sampling.n` jobs, each reserving prompt + max_response_tokens on one
-engine, and yields `RolloutResult`s in completion order. A failed job (its engine died, the loop
-raised) comes back as a trajectory with finish_reason "error" and the reason, rather than ending
-the stream.
+`produce(problem, sample_index, engine, sampling, request_id) -> Trajectory`; `agent_producer`
+builds it from the agent loop (`run_agent`, which derives per-sample, per-turn seeds from the
+request seed). For every problem it runs `sampling.n` jobs, each reserving prompt +
+max_response_tokens on one engine, and yields `RolloutResult`s in completion order. A failed job
+(its engine died, the loop raised) comes back as a trajectory with finish_reason "error" and the
+reason, rather than ending the stream.
+
+Every job gets a request id no running job of the service has, which the loop extends per turn
+(`/turn`): `problem id/sample index`, or, while that one runs in another stream (an asynchronous
+step's pool drew the problem again), `problem id/sample index@stream` (streams counted per
+service). So an engine, which refuses a request id that is running (vLLM), is never sent one.
+`generate_gated` is `generate_samples` whose jobs wait on a gate (an `asyncio.Event`, open when
+set) before each engine call: the rollout pool's pause (groups.py), used only where the scheduler
+starts every job at once (least_requests without a cap), so that no held job keeps a place
+another job needs.
 
 Bad requests raise `InvalidRolloutRequest` before any work starts; a node with no healthy engine
 raises `NoHealthyEngine`. The gRPC servicer maps them to INVALID_ARGUMENT and UNAVAILABLE.
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +45,7 @@ from rstar2_rollout.config import (
     RolloutConfig,
     SchedulerConfig,
 )
-from rstar2_rollout.engine import Engine
+from rstar2_rollout.engine import Engine, Generation, KVCapacity, SamplingParams
 from rstar2_rollout.loop import RolloutTask, chat_format, run_agent
 from rstar2_rollout.scheduler import EngineStatus, Job, Scheduler
 from rstar2_rollout.trajectory import Trajectory
@@ -123,7 +132,7 @@ class RolloutResult:
     queued_s: float
 
 
-Produce = Callable[[RolloutTask, int, Engine, RolloutSampling], Awaitable[Trajectory]]
+Produce = Callable[[RolloutTask, int, Engine, RolloutSampling, str], Awaitable[Trajectory]]
 
 
 def agent_producer(
@@ -137,10 +146,16 @@ def agent_producer(
     fmt = chat_format(tokenizer, base)
 
     async def produce(
-        problem: RolloutTask, index: int, engine: Engine, sampling: RolloutSampling
+        problem: RolloutTask,
+        index: int,
+        engine: Engine,
+        sampling: RolloutSampling,
+        request_id: str,
     ) -> Trajectory:
         config = sampling.apply(base)
-        return await run_agent(engine, sandbox, fmt, problem, config, sample_index=index)
+        return await run_agent(
+            engine, sandbox, fmt, problem, config, sample_index=index, request_id=request_id
+        )
 
     return produce, lambda problem: len(fmt.prompt_ids(problem.question))
 
@@ -206,6 +221,8 @@ class RolloutService:
         self._generating = 0
         self._updates = 0  # updates waiting or running: new generations wait behind them
         self._loading: asyncio.Lock | None = None  # one update at a time
+        self._streams = 0  # streams opened
+        self._running_ids: set[str] = set()  # request ids of the jobs running now
 
     def check(self, problems: Sequence[RolloutTask], sampling: RolloutSampling) -> RolloutSampling:
         """Validate a request and fill its defaults; raise InvalidRolloutRequest/NoHealthyEngine."""
@@ -277,38 +294,65 @@ class RolloutService:
         sampling: RolloutSampling,
         *,
         problems: Sequence[RolloutTask] | None = None,
+        gate: asyncio.Event | None = None,
     ) -> AsyncGenerator[RolloutResult, None]:
         """`generate` for chosen (problem, sample index) pairs (a resumed evaluation's missing
-        ones): the index, not the position, seeds a sample."""
+        ones): the index, not the position, seeds a sample. With `gate`, each job waits for it
+        to be set before each engine call."""
         if problems is None:
             problems = list({p.id: p for p, _ in samples}.values())
         resolved = self.check(problems, sampling)
-        gate = self._condition()
-        async with gate:
-            await gate.wait_for(lambda: self._updates == 0)
+        hold, updates = gate, self._condition()
+        async with updates:
+            await updates.wait_for(lambda: self._updates == 0)
             self._generating += 1
         try:
-            async for result in self._generate(samples, resolved):
+            async for result in self._generate(samples, resolved, hold):
                 yield result
         finally:
-            async with gate:
+            async with updates:
                 self._generating -= 1
-                gate.notify_all()
+                updates.notify_all()
+
+    def generate_gated(
+        self,
+        samples: Sequence[tuple[RolloutTask, int]],
+        sampling: RolloutSampling,
+        gate: asyncio.Event,
+    ) -> AsyncGenerator[RolloutResult, None]:
+        """`generate_samples` whose jobs wait on `gate` before each engine call (`GatedSource`),
+        where the scheduler starts every job at once; under a policy that caps or reserves per
+        job (kv_aware, `max_running_per_engine`) a held job would keep its place from the very
+        jobs the pause makes room for, so the gate is not used there."""
+        hold = gate if self.scheduler.starts_every_job else None
+        return self.generate_samples(samples, sampling, gate=hold)
 
     async def _generate(
-        self, samples: Sequence[tuple[RolloutTask, int]], resolved: RolloutSampling
+        self,
+        samples: Sequence[tuple[RolloutTask, int]],
+        resolved: RolloutSampling,
+        hold: asyncio.Event | None,
     ) -> AsyncGenerator[RolloutResult, None]:
+        self._streams += 1
+        stream = self._streams
         jobs: list[Job[Trajectory]] = []
         for problem, i in samples:
             reserve = self._prompt_tokens(problem)
 
             async def run(engine: Engine, p=problem, i=i) -> Trajectory:
-                return await self._produce(p, i, engine, resolved)
+                held = engine if hold is None else _Gated(engine, hold)
+                rid = f"{p.id}/{i}"
+                rid = rid if rid not in self._running_ids else f"{rid}@{stream}"
+                self._running_ids.add(rid)
+                try:
+                    return await self._produce(p, i, held, resolved, rid)
+                finally:
+                    self._running_ids.discard(rid)
 
             jobs.append(Job(run, reserve, resolved.max_response_tokens, (problem.id, i)))
-        stream = self.scheduler.stream(jobs)
+        results = self.scheduler.stream(jobs)
         try:
-            async for r in stream:
+            async for r in results:
                 problem_id, index = r.tag
                 start = r.started_at if r.started_at is not None else r.finished_at
                 traj = r.value
@@ -317,7 +361,7 @@ class RolloutService:
                     traj.finish_reason, traj.error = "error", r.error or "the job returned nothing"
                 yield RolloutResult(traj, r.engine or "", start - r.submitted_at)
         finally:
-            await stream.aclose()
+            await results.aclose()
 
     def _weight_spec(self) -> WeightSpec:
         """The names and shapes updates are checked against; WeightsUnsupported when this
@@ -378,3 +422,27 @@ class RolloutService:
 
     def _reasons(self) -> str:
         return "; ".join(f"{s.name}: {s.dead_reason}" for s in self.scheduler.status())
+
+
+class _Gated:
+    """An engine whose `generate` waits for `gate` to be set first; the rest is the engine's."""
+
+    def __init__(self, engine: Engine, gate: asyncio.Event) -> None:
+        self._engine = engine
+        self._gate = gate
+        self.name = engine.name
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
+    ) -> Generation:
+        await self._gate.wait()
+        return await self._engine.generate(prompt_ids, params, request_id)
+
+    def kv_capacity(self) -> KVCapacity | None:
+        return self._engine.kv_capacity()
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        await self._engine.update_weights(named_tensors)
+
+    async def close(self) -> None:
+        await self._engine.close()

@@ -2,8 +2,8 @@
 
 `build_tiny_model(out_dir, seed=...)` trains a byte-level BPE tokenizer on generated text (digits,
 arithmetic, maths words, Python keywords and code, the chat format's tags), gives it a ChatML chat
-template, creates a randomly initialised `Qwen3ForCausalLM` with untied embeddings (vLLM's
-in-place weight reload leaves a tied lm_head stale), and saves both with `save_pretrained`. The
+template, creates a randomly initialised `Qwen3ForCausalLM` with untied embeddings (`tied=True`:
+the head shares the embedding, as Qwen3-1.7B's does), and saves both with `save_pretrained`. The
 folder loads in transformers and in vLLM (the CPU build included: head_dim is 32, a size its
 attention kernel supports). The same seed gives byte-identical files.
 
@@ -212,6 +212,7 @@ def build_tiny_model(
     kv_heads: int = 2,
     max_position_embeddings: int = 8192,
     corpus: Iterable[str] | None = None,
+    tied: bool = False,
 ) -> Path:
     """Write a tokenizer and a random Qwen3 model to `out_dir`; return the folder.
 
@@ -240,7 +241,7 @@ def build_tiny_model(
         num_key_value_heads=kv_heads,
         head_dim=hidden_size // heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,

@@ -168,11 +168,24 @@ class Trajectory:
             raise ValueError(f"tool_outcome_counts {self.tool_outcome_counts} != {counted}")
 
 
-def staleness_stats(trajectories: Sequence[Trajectory], version: int) -> dict[str, float]:
+def staleness_stats(
+    trajectories: Sequence[Trajectory], version: int, policies: Sequence[int] | None = None
+) -> dict[str, float]:
     """Staleness at trainer weights `version` (its version minus each trajectory's oldest):
     mean and max over the trajectories with a known version (0.0 when none), and how many had
-    none (`staleness_unknown`); `turns_resumed`, the turns resumed after an abort at a push."""
-    ages = [version - v for v in (t.oldest_version for t in trajectories) if v is not None]
+    none (`staleness_unknown`); `turns_resumed`, the turns resumed after an abort at a push.
+
+    `policies` maps an engine's weights version (its count of loads) to the policy version it
+    loaded, for a caller that pushes the same weights more than once (a colocated checkpoint
+    puts the engines to sleep and pushes them back): staleness then counts policy updates, and
+    `version` is the policy's. An engine version beyond the table counts as the newest."""
+
+    def policy(v: int) -> int:
+        if policies is None:
+            return v
+        return policies[v] if 0 <= v < len(policies) else policies[-1]
+
+    ages = [version - policy(v) for v in (t.oldest_version for t in trajectories) if v is not None]
     return {
         "staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness_max": float(max(ages, default=0)),

@@ -2,13 +2,16 @@
 
 Contract. `parse_report` reads the child's own account as hostile input: anything but a JSON
 object with exactly the expected fields and types, within the size cap, is refused with a reason
-(the call is then an `error` with a sandbox-side message, never the worker's death). `classify` turns an `Outcome` (the child's own report if it got to write one, its wait
-status, whether the worker killed it and why, and the captured bytes with their full sizes) into
-the fields of an `ExecutionResult` as a plain dict. Precedence: a kill by the worker (timeout,
-cancel) wins, then a death by the CPU-seconds limit (a timeout too, but only when the call really
-used its CPU seconds: a signal the call sent itself is an `error` naming it), then memory (MemoryError),
-then an error (an exception, a non-zero exit, a signal), then a truncated output, then ok.
-Captured bytes are decoded as UTF-8 with replacement and cut at the cap with a visible marker.
+(the call is then an `error` with a sandbox-side message, never the worker's death). `classify`
+turns an `Outcome` (the child's own report if it got to write one, its wait status, whether the
+worker killed it and why, and the captured bytes with their full sizes) into the fields of an
+`ExecutionResult` as a plain dict. Precedence: a kill by the worker wins (`timeout`: the program
+used its own time; starved: the host kept it from running until the wall ceiling, a
+`sandbox_error`; cancelled or shut down: `rejected`), then a death by the CPU-seconds limit (a
+timeout too, but only when the call really used its CPU seconds: a signal the call sent itself
+is an `error` naming it), then memory (MemoryError), then an error (an exception, a non-zero
+exit, a signal), then a truncated output, then ok. Captured bytes are decoded as UTF-8 with
+replacement and cut at the cap with a visible marker.
 Not covered: anything about running or confining code.
 """
 
@@ -66,7 +69,7 @@ class Outcome:
 
     report: dict[str, Any] | None  # the child's own account, absent if it died first
     wait_status: int | None  # None for session cells (the session process lives on)
-    killed: str  # "", "timeout", "cancelled", "shutdown"
+    killed: str  # "", "timeout", "starved", "cancelled", "shutdown"
     cap: int
     stdout: bytes
     stderr: bytes
@@ -75,6 +78,7 @@ class Outcome:
     cpu_s: float = 0.0
     cpu_limit_s: float | None = None  # RLIMIT_CPU of the call, if any
     report_problem: str = ""  # why the child's report was refused
+    kill_message: str = ""  # the worker's account of a kill (which limit, how much time)
 
     @classmethod
     def from_session(cls, report: dict[str, Any], cap: int) -> Outcome:
@@ -124,7 +128,10 @@ def classify(o: Outcome) -> dict[str, Any]:
     exc_type = report.get("exc_type", "")
     message = ""
     if o.killed == "timeout":
-        status, message = "timeout", "wall-clock limit reached; the process group was killed"
+        status = "timeout"
+        message = f"{o.kill_message or 'time limit reached'}; the process group was killed"
+    elif o.killed == "starved":
+        status, message = "sandbox_error", o.kill_message or "sandbox: starved of CPU"
     elif o.killed:
         status, message = "rejected", f"call {o.killed}; the process group was killed"
     elif (

@@ -8,15 +8,17 @@ zygote (`_zygote`), pid 1 of the new pid namespace, which pre-imports the maths 
 the calls. The worker never forks a call itself and the zygote never sees request data: for each
 call the worker puts the code and stdin in memfds, makes the output and result pipes, and passes
 the descriptors to the zygote; the zygote answers with a pidfd and later with the exit status.
-The wall clock starts when the zygote forks the call (the time it reports in `started`): what a
+The clock starts when the zygote forks the call (the time it reports in `started`): what a
 call waits for the zygote, which forks one call at a time and falls behind on a loaded host, is
-queue time (`queue_s`), never charged to the call's timeout. The worker reads stdout and stderr
-up to the cap, kills the call at the deadline through its pidfd, renices calls that burn CPU, and
-treats every byte from a call as hostile: the result report is size-capped and validated
-(`_outcome.parse_report`), session frames too, and a failure while handling one call answers
-that call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live across
-cells, one cell at a time, stopped (SIGSTOP) between cells, with a cumulative CPU budget
-(RLIMIT_CPU); closing one never waits for it.
+queue time (`queue_s`), never charged to the call's timeout. The limit is the program's own time
+(`_limit`: CPU time, or wall time less waits for a CPU); a call the host starves until
+`wall_ceiling_factor` times its limit is a `sandbox_error`. The worker reads stdout and stderr up
+to the cap, kills through the call's pidfd, renices calls by the CPU they have used, and treats
+every byte from a call as hostile: the result report is size-capped and validated
+(`_outcome.parse_report`), session frames too, and a failure while handling one call answers that
+call with a sandbox-side `error` instead of ending the worker. Sessions are calls that live
+across cells, one cell at a time (each under the same limit), stopped (SIGSTOP) between cells,
+with a cumulative CPU budget (RLIMIT_CPU); closing one never waits for it.
 
 Not covered: admission and queueing, and cgroups (the parent's `LocalSandbox` does both).
 """
@@ -39,9 +41,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2_sandbox import _child, _confine, _profile, _zygote
+from rstar2_sandbox import _child, _confine, _limit, _pidfd, _profile, _zygote
 from rstar2_sandbox._outcome import REPORT_CAP, Outcome, classify, parse_report
-from rstar2_sandbox._pidfd import cpu_seconds, has_exited, outer_pid, renice, signal_pidfd
+from rstar2_sandbox._pidfd import has_exited, outer_pid, renice, signal_pidfd, usage
 
 _CHUNK = 1 << 16
 _UID_SLOTS = 1000
@@ -50,19 +52,22 @@ _UID_SLOTS = 1000
 @dataclass
 class _Call:
     id: int
-    started: float  # handed to the zygote; then its fork (`_forked`)
-    deadline: float  # math.inf until it is forked
+    started: float  # handed to the zygote; then its fork (`_forked`), or a cell's start
+    deadline: float  # the next look at its limit (`_limit.look`); math.inf until it is forked
     cap: int
-    cpu_limit_s: float | None
+    cpu_limit_s: float | None  # RLIMIT_CPU: a backstop, a second past the worker's own limit
     slot: int
     timeout_s: float = 0.0
+    base: _pidfd.Usage | None = None  # a session's account when the cell started
+    kill_message: str = ""
     fds: dict[int, str] = field(default_factory=dict)  # readable fd -> stdout | stderr | result
     data: dict[str, bytearray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     pidfd: int = -1
     pid: int = 0  # as the worker sees it (for /proc and renice), once it is needed
     killed: str = ""
-    demoted: bool = False
+    nice: int = 0  # the worker's renice so far (`_limit.step_down`)
+    demoted: bool = False  # at the last step: no more demotion checks
     next_check: float = 0.0
     queue_s: float = 0.0
     session: _Session | None = None
@@ -99,6 +104,7 @@ class Worker:
         self.free_slots = collections.deque(range(_UID_SLOTS))  # FIFO: a uid is reused late
         self.inbox = bytearray()
         self.running = True
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0)  # what calls start with (the zygote's)
 
     # --- plumbing -------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -121,17 +127,11 @@ class Worker:
     def _answer(self, call_id: int, status: str, message: str, started: float, **extra) -> None:
         self.send(
             {
-                "op": "done",
+                "op": "done",  # output, traceback, repr, CPU and queue time: the pool's defaults
                 "id": call_id,
                 "status": status,
-                "stdout": "",
-                "stderr": "",
-                "traceback": "",
-                "result_repr": "",
                 "exit_code": -1,
-                "cpu_s": 0.0,
                 "wall_s": time.monotonic() - started,
-                "queue_s": 0.0,
                 "message": message,
             }
             | extra
@@ -153,7 +153,7 @@ class Worker:
             started=started,
             deadline=math.inf,  # the clock starts at the fork (`_forked`)
             cap=msg["max_output"],
-            cpu_limit_s=float(max(1, int(msg["timeout_s"] + 0.999))),
+            cpu_limit_s=float(int(msg["timeout_s"] + 0.999) + 1),
             slot=slot,
             timeout_s=msg["timeout_s"],
             queue_s=started - msg["received"],
@@ -217,6 +217,7 @@ class Worker:
             report=report,
             wait_status=status,
             killed=call.killed,
+            kill_message=call.kill_message,
             cap=call.cap,
             stdout=bytes(call.data["stdout"]),
             stderr=bytes(call.data["stderr"]),
@@ -249,11 +250,11 @@ class Worker:
         self.free_slots.append(call.slot)
         self._answer(call.id, "sandbox_error", f"sandbox: {why}", call.started)
 
-    def kill(self, call: _Call, reason: str) -> None:
+    def kill(self, call: _Call, reason: str, message: str = "") -> None:
         if not call.killed:
-            call.killed = reason
-        if call.demoted and call.pid > 0:  # a dying process needs the CPU to tear itself down
-            renice(call.pid, 0)
+            call.killed, call.kill_message = reason, message
+        if call.pid > 0:  # a dying process needs the CPU to tear itself down (a call may have
+            renice(call.pid, 0)  # reniced itself; lowering its nice back needs root)
         signal_pidfd(call.pidfd, signal.SIGKILL)
 
     # --- the zygote's messages -----------------------------------------------------------------
@@ -323,6 +324,8 @@ class Worker:
             return
         frame = {"code": msg["code"], "stdin": msg["stdin"], "max_output": msg["max_output"]}
         data = json.dumps(frame).encode()
+        pid = outer_pid(session.pidfd) if session.pidfd >= 0 else 0
+        base = usage(pid) if pid > 0 else None  # a later cell's limit counts from here
         started = time.monotonic()
         session.call = _Call(
             id=msg["id"],
@@ -334,6 +337,7 @@ class Worker:
             timeout_s=msg["timeout_s"],
             queue_s=started - msg["received"],
             session=session,
+            base=base,
         )
         if session.stopped:
             signal_pidfd(session.pidfd, signal.SIGCONT)
@@ -462,45 +466,46 @@ class Worker:
             del self.inbox[: 4 + size]
             self.handle(message)
 
-    def _maybe_demote(self, call: _Call, now: float) -> None:
-        """Renice a call that has been burning CPU for a while, so fresh short calls go first.
-
-        Only a call that got at least half a core is demoted: one that is slow because the host
-        is busy is left alone (demoting it would starve it into a false timeout).
-        """
-        if not call.pid:
-            call.pid = outer_pid(call.pidfd)
-        if call.pid <= 0:  # it has exited (fdinfo says -1): nothing to demote
-            call.demoted = True
-            return
-        cpu = cpu_seconds(call.pid)
-        if cpu is None:
-            return
-        if cpu >= 0.5 * (now - call.started) or cpu >= self.config["demote_after_s"]:
-            call.demoted = True
-            renice(call.pid, 19)
-        else:
-            call.next_check = now + self.config["demote_after_s"]
-
     def _tick(self) -> float:
-        """Enforce deadlines, demote long runners, expire idle sessions; the next wake-up."""
+        """Enforce limits, demote long runners, expire idle sessions; the next wake-up."""
         now = time.monotonic()
         wake = now + 1.0
+        factor = self.config["wall_ceiling_factor"]
+        demote = self.config["demote_after_s"], self.config["demote_again_after_s"]
         for call in list(self.calls.values()):
+            if call.killed:
+                continue
+            wall = now - call.started
             # A call that already exited and waits to be reaped is not a timeout: the worker
             # was late (busy or descheduled), not the call.
-            if now >= call.deadline and not call.killed and not has_exited(call.pidfd):
-                self.kill(call, "timeout")
+            if now >= call.deadline and has_exited(call.pidfd):
+                call.deadline = now + _limit.CHECK_AT_LEAST  # its exit is on the way
+            elif now >= call.deadline:
+                call.pid = call.pid or outer_pid(call.pidfd)
+                nice = max(call.nice, self.nice)
+                verdict = _limit.look(call.pid, call.timeout_s, wall, None, factor, nice)
+                call.deadline = now + verdict.recheck_s
+                if verdict.kind:
+                    self.kill(call, verdict.kind, verdict.message)
             elif not call.demoted and call.pidfd >= 0 and now >= call.next_check:
-                self._maybe_demote(call, now)
+                call.pid = call.pid or outer_pid(call.pidfd)
+                call.nice, recheck = _limit.step_down(call.pid, call.nice, wall, *demote)
+                call.demoted, call.next_check = not recheck, now + recheck
             if not call.killed:
                 wake = min(wake, call.deadline, call.next_check if not call.demoted else wake)
         for session in list(self.sessions.values()):
-            if session.call is not None:
-                if now >= session.call.deadline:
-                    self.close_session(session, "timed out", "timeout")
-                else:
-                    wake = min(wake, session.call.deadline)
+            cell = session.call
+            if cell is not None:
+                if now >= cell.deadline:
+                    pid, wall = outer_pid(session.pidfd), now - cell.started
+                    verdict = _limit.look(pid, cell.timeout_s, wall, cell.base, factor, self.nice)
+                    cell.deadline = now + verdict.recheck_s
+                    if verdict.kind == "timeout":
+                        self.close_session(session, f"timed out ({verdict.message})", "timeout")
+                    elif verdict.kind:
+                        self.close_session(session, "was starved of CPU", "sandbox_error")
+                if session.call is cell:
+                    wake = min(wake, cell.deadline)
             elif now - session.last_used > self.config["session_idle_s"]:
                 self.close_session(session, "expired after being idle")
         return max(0.0, wake - time.monotonic())

@@ -3,11 +3,17 @@
 Contract. `run_bench(options)` starts `rstar2-sandbox serve` as a child process on a free
 loopback port (or uses `--address`), sends `calls` jobs from `workload.make_workload` with
 `concurrency` calls in flight through `SandboxClient`, and returns a report: executions/s,
-p50/p90/p99 latency (overall and for short snippets), counts per status, correctness against the
-expected outputs, false timeouts (a call that should finish but timed out), the ceiling that the
-infinite loops impose (cores / (loop share x timeout)), and the server's memory, process count
-and open descriptors before and after. `format_table` prints it; the CLI writes it as JSON.
-A benchmark, not a test: nothing here asserts.
+p50/p90/p99 latency (overall, for short snippets and for the CPU calls), counts per status,
+correctness against the expected outputs, false timeouts, the ceiling that the infinite loops
+impose (cores / (loop share x timeout): each loop uses its whole limit of CPU), and the server's
+memory, process count and open descriptors before and after. `format_table` prints it; the CLI
+writes it as JSON. A benchmark, not a test: nothing here asserts.
+
+A **false timeout** is a call that timed out in the mix, is not an endless loop, and fits its
+limit alone: run alone on the same server in the same run (one call in flight, before the mix
+for every CPU call of the mix, after it for any other call that timed out), its `wall_s` is
+below the limit. The CPU calls' alone times are reported too (`cpu_calls_alone_s`), so a
+reader sees how far below the limit they are.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2_sandbox.client import SandboxClient
-from rstar2_sandbox.workload import Mix, make_workload
+from rstar2_sandbox.execution import ExecutionStatus
+from rstar2_sandbox.workload import Job, Mix, make_workload
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,35 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+async def _alone(client: SandboxClient, jobs: list[Job], limit: float) -> dict[int, Any]:
+    """Each job run by itself (one in flight), with room past the limit to show its need."""
+    alone = {}
+    for job in jobs:
+        request = job.request.model_copy(update={"timeout_s": 4 * limit})
+        alone[int(job.request.request_id)] = await client.execute(request)
+    return alone
+
+
+def _false_timeouts(
+    jobs: list[Job], results: list[Any], alone: dict[int, Any], limit: float
+) -> list[dict[str, Any]]:
+    """The calls that timed out in the mix although they fit their limit alone."""
+    found = []
+    for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
+        if job.status is ExecutionStatus.TIMEOUT or result.status is not ExecutionStatus.TIMEOUT:
+            continue
+        solo = alone[index]
+        if solo.status is not ExecutionStatus.TIMEOUT and solo.wall_s < limit:
+            alone_s = {"alone_wall_s": solo.wall_s, "alone_cpu_s": solo.cpu_s}
+            found.append(_example(job, result) | alone_s)
+    return found
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    low, high = min(values, default=0.0), max(values, default=0.0)
+    return {"min": low, "p50": _percentile(values, 0.5), "max": high}
+
+
 async def _drive(options: BenchOptions, address: str, server_pid: int | None) -> dict[str, Any]:
     jobs = make_workload(options.calls, options.mix, options.seed, options.timeout_s)
     warm = make_workload(options.warmup, "no_loops", options.seed + 1, options.timeout_s)
@@ -98,6 +134,7 @@ async def _drive(options: BenchOptions, address: str, server_pid: int | None) ->
     results: list[Any] = [None] * len(jobs)
     async with SandboxClient(address) as client:
         await client.execute_many([j.request for j in warm])
+        alone = await _alone(client, [j for j in jobs if j.kind == "cpu"], options.timeout_s)
         before = _resources(server_pid) if server_pid else {}
         cpu_before = _cpu(server_pid) if server_pid else {}
         own_before = time.process_time()
@@ -117,6 +154,16 @@ async def _drive(options: BenchOptions, address: str, server_pid: int | None) ->
         await asyncio.sleep(0.5)
         after = _resources(server_pid) if server_pid else {}
         info = (await client.info())[0].model_dump()
+        suspects = [  # timed out, not a loop, not yet run alone
+            job
+            for job, result in zip(jobs, results, strict=True)
+            if result.status is ExecutionStatus.TIMEOUT
+            and job.status is not ExecutionStatus.TIMEOUT
+            and int(job.request.request_id) not in alone
+        ]
+        alone |= await _alone(client, suspects, options.timeout_s)
+    false_timeouts = _false_timeouts(jobs, results, alone, options.timeout_s)
+    cpu_alone = [alone[int(j.request.request_id)] for j in jobs if j.kind == "cpu"]
     wrong = [j for j, r in zip(jobs, results, strict=True) if not j.check(r)]
     loops = sum(j.kind == "loop" for j in jobs)
     cores = os.cpu_count() or 1
@@ -138,16 +185,26 @@ async def _drive(options: BenchOptions, address: str, server_pid: int | None) ->
             f"p{q}": _percentile([t for k, t in latencies if k == "short"], q / 100)
             for q in (50, 90, 99)
         },
+        "cpu_latency_s": {
+            f"p{q}": _percentile([t for k, t in latencies if k == "cpu"], q / 100)
+            for q in (50, 90, 99)
+        },
+        "cpu_calls_alone_s": {
+            "wall": _spread([r.wall_s for r in cpu_alone]),
+            "cpu": _spread([r.cpu_s for r in cpu_alone]),
+        },
         "statuses": dict(Counter(r.status.value for r in results)),
         "kinds": dict(Counter(j.kind for j in jobs)),
         "correct": len(jobs) - len(wrong),
         "short_correct": sum(j.kind == "short" for j in jobs)
         - sum(j.kind == "short" for j in wrong),
         "short_total": sum(j.kind == "short" for j in jobs),
-        "false_timeouts": sum(
-            j.kind != "loop" and r.status.value == "timeout"
-            for j, r in zip(jobs, results, strict=True)
+        "cpu_correct": sum(
+            j.kind == "cpu" and j.check(r) for j, r in zip(jobs, results, strict=True)
         ),
+        "cpu_total": sum(j.kind == "cpu" for j in jobs),
+        "false_timeouts": len(false_timeouts),
+        "false_timeout_examples": false_timeouts[:5],
         "wrong_examples": [
             _example(j, r) for j, r in zip(jobs, results, strict=True) if not j.check(r)
         ][:5],
@@ -208,6 +265,7 @@ def format_table(report: dict[str, Any]) -> str:
         ("timeout / workers / cores", f"{o['timeout_s']} s / {o['workers']} / {report['cores']}"),
         ("confinements", ", ".join(report["confinements"])),
         ("executions/s", f"{report['executions_per_s']:.1f}"),
+        ("false timeouts", str(report["false_timeouts"])),
     ]
     if report["loop_ceiling_per_s"]:
         rows.append(
@@ -219,13 +277,27 @@ def format_table(report: dict[str, Any]) -> str:
     rows += [
         ("latency p50/p90/p99", f"{lat['p50']:.3f} / {lat['p90']:.3f} / {lat['p99']:.3f} s"),
         ("short p50/p90/p99", f"{short['p50']:.3f} / {short['p90']:.3f} / {short['p99']:.3f} s"),
+    ]
+    if report["cpu_total"]:
+        cpu, alone = report["cpu_latency_s"], report["cpu_calls_alone_s"]
+        rows += [
+            ("CPU calls p50/p90/p99", f"{cpu['p50']:.3f} / {cpu['p90']:.3f} / {cpu['p99']:.3f} s"),
+            (
+                "CPU calls alone: wall, CPU",
+                f"{alone['wall']['min']:.2f}-{alone['wall']['max']:.2f} s, "
+                f"{alone['cpu']['min']:.2f}-{alone['cpu']['max']:.2f} s",
+            ),
+            ("CPU calls correct", f"{report['cpu_correct']}/{report['cpu_total']}"),
+        ]
+    rows += [
         ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(report["statuses"].items()))),
         ("correct", f"{report['correct']}/{o['calls']}"),
         ("short correct", f"{report['short_correct']}/{report['short_total']}"),
-        ("false timeouts", str(report["false_timeouts"])),
     ]
-    cpu = report["cpu_ms_per_call"]
-    rows.append(("CPU ms/call " + " / ".join(cpu), " / ".join(f"{v:.1f}" for v in cpu.values())))
+    spent = report["cpu_ms_per_call"]
+    rows.append(
+        ("CPU ms/call " + " / ".join(spent), " / ".join(f"{v:.1f}" for v in spent.values()))
+    )
     b, a = report["server_before"], report["server_after"]
     if b and a:
         for key in ("rss_kib", "processes", "open_fds"):

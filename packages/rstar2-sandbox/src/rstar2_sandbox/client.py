@@ -9,6 +9,17 @@ hashing over the configured addresses) and is never retried elsewhere, since its
 there. Errors are results: INVALID_ARGUMENT comes back as REJECTED (the request was bad); a
 refusal or failure of every server (full, down, deadline) as SANDBOX_ERROR, which a trainer does
 not count as the model's tool error, with the servers' messages. Not covered: discovering servers (pass the addresses).
+
+Retry (`retry_for_s` > 0). A stateless call that every server refused as UNAVAILABLE (all down,
+e.g. the one server killed while the call ran) is sent again after a short backoff (0.1 s,
+doubling to 2 s) until `retry_for_s` has passed since its first failure; a call a live server
+answered with SANDBOX_ERROR (its worker was lost, every server was full) is sent again up to
+`max_fault_retries` times, so a call that kills what runs it cannot do so forever. Before each
+retry `_revive()` runs: a hook for a subclass that owns its server (`backends.ChildSandbox`
+restarts a dead child there); it returns False when no server can come back, which ends the
+retries at once. Channels reconnect within 2 s of a server coming back on the same address.
+`retried` counts the calls sent more than once (failover to another server included). Sessions
+are never retried: their state died with their server.
 """
 
 from __future__ import annotations
@@ -24,9 +35,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from rstar2_proto.sandbox.v1 import sandbox_pb2 as pb
 from rstar2_proto.sandbox.v1 import sandbox_pb2_grpc as pb_grpc
 from rstar2_sandbox import _wire
+from rstar2_sandbox.config import SandboxConfig
 from rstar2_sandbox.execution import ExecutionRequest, ExecutionResult, ExecutionStatus
 
 _MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_WALL_CEILING_FACTOR = SandboxConfig.model_fields["wall_ceiling_factor"].default
+# Reconnect soon after a server comes back on the same address (gRPC's own backoff grows to 2 min).
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 
 
 class ServerInfo(BaseModel):
@@ -67,28 +86,50 @@ class SandboxClient:
         root_certificates: bytes | None = None,
         retry_after_s: float = 1.0,
         deadline_margin_s: float = 30.0,
+        wall_ceiling_factor: float = _WALL_CEILING_FACTOR,
+        retry_for_s: float = 0.0,
+        max_fault_retries: int = 2,
     ) -> None:
-        """`deadline_margin_s`: each RPC's deadline is its timeout plus this (queue and wire)."""
+        """Each RPC's deadline is its timeout times `wall_ceiling_factor` (the servers' own: a
+        call slowed by a busy host may run that long before it is stopped) plus
+        `deadline_margin_s` (queue and wire); `retry_for_s`, `max_fault_retries`: see the module
+        docstring (0: no retry)."""
         addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not addresses:
             raise ValueError("SandboxClient needs at least one server address")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retry_after_s = retry_after_s
         self._margin = deadline_margin_s
+        self._ceiling = wall_ceiling_factor
+        self._retry_for_s = retry_for_s
+        self._max_fault_retries = max_fault_retries
+        self._root_certificates = root_certificates
+        self.retried = 0  # calls sent more than once
+        self._servers = [self._connect(address) for address in addresses]
+
+    def _connect(self, address: str) -> _Server:
         # A connection of its own (no subchannel shared with other clients in this process):
         # servers scope sessions to the caller's token or connection.
         options = [
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.use_local_subchannel_pool", 1),
+            *CHANNEL_OPTIONS,
         ]
-        self._servers = []
-        for address in addresses:
-            if root_certificates is not None:
-                creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-                channel = grpc.aio.secure_channel(address, creds, options=options)
-            else:
-                channel = grpc.aio.insecure_channel(address, options=options)
-            self._servers.append(_Server(address, channel))
+        if self._root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
+            return _Server(address, grpc.aio.secure_channel(address, creds, options=options))
+        return _Server(address, grpc.aio.insecure_channel(address, options=options))
+
+    async def _repoint(self, old: str, new: str) -> None:
+        """Reach the server that was at `old` at `new` from now on (a restarted server)."""
+        for i, server in enumerate(self._servers):
+            if server.address == old:
+                self._servers[i] = self._connect(new)
+                await server.channel.close()
+
+    async def _revive(self) -> bool:
+        """Called before a retry; False when no server can come back (no more retries)."""
+        return True
 
     def _session_server(self, session_id: str) -> _Server:
         def weight(server: _Server) -> bytes:
@@ -106,7 +147,9 @@ class SandboxClient:
         server.outstanding += 1
         try:
             return await server.stub.Execute(
-                message, timeout=(timeout or 60.0) + self._margin, metadata=self._metadata
+                message,
+                timeout=(timeout or 60.0) * self._ceiling + self._margin,
+                metadata=self._metadata,
             )
         finally:
             server.outstanding -= 1
@@ -114,15 +157,48 @@ class SandboxClient:
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         """Run one call; transport failures and refusals come back as results."""
         message = _wire.request_to_pb(request)
+        first_failure: float | None = None
+        sends = faults = 0
+        while True:
+            result, code, tried = await self._attempt(request, message)
+            if sends <= 1 < sends + tried:
+                self.retried += 1  # once per call, when it is first sent again
+            sends += tried
+            if request.session_id is not None or self._retry_for_s <= 0:
+                return result
+            if result.status != ExecutionStatus.SANDBOX_ERROR:
+                return result
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            if code is None or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                faults += 1  # a live server answered: its worker was lost, or all were full
+                if faults > self._max_fault_retries:
+                    return result
+            elif code != grpc.StatusCode.UNAVAILABLE:
+                return result  # a deadline or an internal error: the call may have run
+            if now - first_failure >= self._retry_for_s:
+                return result
+            await asyncio.sleep(min(0.1 * 2 ** min(sends, 5), 2.0))
+            if not await self._revive():
+                return result
+
+    async def _attempt(
+        self, request: ExecutionRequest, message: pb.ExecuteRequest
+    ) -> tuple[ExecutionResult, grpc.StatusCode | None, int]:
+        """One pass over the candidate servers: the result, the last RPC error's code (None
+        when a server answered) and how many servers the call was sent to."""
         if request.session_id is not None:
             candidates = [self._session_server(request.session_id)]
         else:
             candidates = self._order()
         errors: list[str] = []
         code = grpc.StatusCode.UNAVAILABLE
+        sent = 0
         for server in candidates:
+            sent += 1
             try:
-                return _wire.result_from_pb(await self._call(server, message, request.timeout_s))
+                reply = await self._call(server, message, request.timeout_s)
+                return _wire.result_from_pb(reply), None, sent
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 errors.append(f"{server.address}: {code.name}: {exc.details()}")
@@ -135,9 +211,10 @@ class SandboxClient:
         status = ExecutionStatus.SANDBOX_ERROR
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             status = ExecutionStatus.REJECTED
-        return ExecutionResult(
+        result = ExecutionResult(
             status=status, request_id=request.request_id, message="; ".join(errors)
         )
+        return result, code, sent
 
     async def execute_many(self, requests: Sequence[ExecutionRequest]) -> list[ExecutionResult]:
         """Run many calls concurrently over the servers; results in request order."""

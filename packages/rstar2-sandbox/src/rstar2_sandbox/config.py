@@ -51,7 +51,12 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     workers: int = Field(default=2, gt=0, description="Warm worker processes that fork the calls.")
-    default_timeout_s: float = Field(default=5.0, gt=0, description="Wall-clock limit of one call.")
+    default_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Time limit of one call: its CPU time, and its wall time less what it waited "
+        "for a CPU (README, Results).",
+    )
     max_timeout_s: float = Field(
         default=60.0, gt=0, description="Largest timeout a caller may ask."
     )
@@ -95,11 +100,23 @@ class SandboxConfig(BaseModel):
     session_cpu_s: float = Field(
         default=120.0, gt=0, description="CPU seconds a session may use over all its cells."
     )
+    wall_ceiling_factor: float = Field(
+        default=30.0,
+        ge=1,
+        description="A call still running after this many times its limit in wall time, without "
+        "having used its limit, is stopped as a sandbox_error (the host starved it).",
+    )
     demote_after_s: float = Field(
         default=0.1,
         ge=0,
         description="A call that has used this much CPU, or half a core for this long, is "
-        "reniced so short ones go first.",
+        "reniced to 10 so short ones go first.",
+    )
+    demote_again_after_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="A call that has used this much CPU is reniced to 19, behind those that "
+        "have used less.",
     )
     worker_memory_bytes: int | None = Field(
         default=None,

@@ -20,11 +20,11 @@ class ExecutionStatus(StrEnum):
 
     OK = "ok"
     ERROR = "error"  # the code raised, or exited non-zero
-    TIMEOUT = "timeout"  # wall or CPU limit reached; the process group was killed
+    TIMEOUT = "timeout"  # the program used its own time (CPU, or asleep/blocked); killed
     MEMORY_EXCEEDED = "memory_exceeded"  # address-space limit reached
     OUTPUT_TRUNCATED = "output_truncated"  # ran, but stdout or stderr went over the cap
     REJECTED = "rejected"  # never ran: a bad request (or a cancelled call)
-    SANDBOX_ERROR = "sandbox_error"  # the sandbox failed (worker lost, full, unreachable): retry
+    SANDBOX_ERROR = "sandbox_error"  # the sandbox failed (lost, full, starved the call): retry
 
 
 class ExecutionRequest(BaseModel):
@@ -35,7 +35,9 @@ class ExecutionRequest(BaseModel):
     code: str = Field(description="Python source to run.")
     stdin: str = Field(default="", description="Text fed to the program's standard input.")
     timeout_s: float | None = Field(
-        default=None, description="Wall-clock limit from the child's start; None: the default."
+        default=None,
+        description="Time limit from the child's start: its CPU time, and its wall time less "
+        "what it waited for a CPU (a busy host never makes it a timeout); None: the default.",
     )
     session_id: str | None = Field(
         default=None, description="Run in this stateful session (globals persist)."

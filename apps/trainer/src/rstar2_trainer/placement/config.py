@@ -1,5 +1,6 @@
 """The placement sections of `TrainerConfig`: a Ray cluster (`cluster:`) and remote rollout
-workers (`remote:`). Only the schemas; `cluster` and `remote` in this package act on them.
+workers (`remote:`). Only the schemas, and `ClusterError`, the one-line refusal of a cluster
+that cannot host the run; `cluster`, `ranks` and `remote` in this package act on them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_sandbox import SandboxConfig
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot host the run as configured; the message says what to change."""
 
 
 class ClusterConfig(BaseModel):
@@ -42,7 +47,8 @@ class ClusterConfig(BaseModel):
     )
     sleep_level: Literal[1, 2] = Field(
         default=1,
-        description="Colocated sleep: 1 offloads engine weights to host RAM, 2 drops them.",
+        description="Colocated sleep: 1 copies engine weights to host RAM and back, 2 drops "
+        "them (the push reloads every weight; what the GPU recipes use).",
     )
     train_workers: int = Field(
         default=0,
@@ -74,7 +80,8 @@ class ClusterConfig(BaseModel):
         default=8.0,
         ge=0,
         description="What that check adds beyond the model's tensors for the CUDA context, NCCL "
-        "and the caching allocator's slack (measured 2-7 GiB on one H200: apps/trainer/SCALE.md).",
+        "and the caching allocator's slack, in both phases and at engine start (the slack "
+        "measured 2-7 GiB on one H200: apps/trainer/SCALE.md).",
     )
     bucket_bytes: int = Field(
         default=1 << 30,

@@ -7,9 +7,16 @@ engine's running batch), reports its KV-cache capacity and, for a `ProgressEngin
 of its running requests with every answer so the driver's scheduler sees fresh numbers without a
 blocking call (an old progress report is safe to admit on: requests look further from their end
 than they are), and loads new weights: from the object store (`update_weights`, the driver's
-policy) or over the weight channel from training rank 0 (`receive_weights`: split placement).
+policy) or over the weight channel from training rank 0 (`receive_weights`: split placement;
+the actor stays in the channel from sync to sync, `close_channel` leaves it). Before the engine
+is built, `cpu_isa.settle_amx` makes sure vLLM's CPU kernels use AMX only where Linux permits
+it in this process (`cpu_isa`: the attribute `cpu_isa` says what it found).
 Sleep and wake (free the GPU for a colocated update) call a `SleepingEngine`'s `sleep(level)` /
 `wake_up(tags)`; a vLLM engine must be built with `enable_sleep_mode` (CUDA and ROCm only).
+A vLLM engine runs on the devices it is given (`on_devices`: vLLM's `device_ids`): a colocated
+rank passes its own; a split engine actor the visible indices of the GPUs Ray assigned it
+(`devices.actor_device_indices`), so that it does not land on device 0 where Ray leaves every
+GPU visible (`RAY_EXPERIMENTAL_NOSET_*`).
 
 `NodeServers` starts `rstar2-sandbox serve` and `rstar2-verify serve` as child processes of the
 actor on its node's IP address with free ports (the paper ran its code environment on the
@@ -38,20 +45,34 @@ from rstar2_rollout import (
     ProgressEngine,
     SamplingParams,
     SleepingEngine,
+    VLLMEngineConfig,
     build_engine,
 )
+from rstar2_trainer.placement.cpu_isa import settle_amx
 from rstar2_trainer.placement.servers import ChildServer, console_script
 
 
 class EngineActor:
     """An engine replica; methods mirror the `Engine` Protocol, plus capacity and timings."""
 
-    def __init__(self, config: EngineConfig, name: str, threads: int = 1) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        name: str,
+        threads: int = 1,
+        devices: Sequence[int] | None = None,
+    ) -> None:
+        """Build the engine on `devices` (visible indices; None: this Ray actor's GPUs, or
+        none outside Ray)."""
         import torch
 
         torch.set_num_threads(threads)
         self.name = name
-        self._engine = build_engine(config, name=name)
+        self._channel: tuple[str, Any] | None = None  # (address, WeightReceiver), kept
+        self.cpu_isa = settle_amx()  # before vLLM picks its CPU kernels
+        if devices is None:
+            devices = _ray_devices()
+        self._engine = build_engine(on_devices(config, devices), name=name)
 
     def where(self) -> dict[str, str]:
         """The node this engine runs on: its IP address and Ray node id."""
@@ -82,6 +103,12 @@ class EngineActor:
         await self._engine.update_weights(named_tensors)
         return time.perf_counter() - start
 
+    async def load_adapter(self, adapter: Any) -> float:
+        """Make the LoRA adapter (`Adapter`, in the engine's dtype) the engine's; seconds."""
+        start = time.perf_counter()
+        await self._engine.load_adapter(adapter)  # type: ignore[attr-defined]
+        return time.perf_counter() - start
+
     def can_sleep(self) -> bool:
         return isinstance(self._engine, SleepingEngine) and self._engine.can_sleep
 
@@ -93,9 +120,11 @@ class EngineActor:
     async def receive_weights(
         self, address: str, rank: int, world_size: int, backend: str, timeout_s: float
     ) -> dict[str, float]:
-        """Join the weight channel at `address` as `rank` and load the one sync rank 0 sends
-        (`weight_channel.WeightReceiver`); bytes, buckets and seconds. A `StreamingEngine`
-        loads bucket by bucket; another engine gets the whole list at the end."""
+        """Load one sync rank 0 sends over the weight channel at `address`, joining it as
+        `rank` first unless this actor is already in it (the channel is kept from sync to
+        sync; a new address replaces it); bytes, buckets and seconds (connect_s: joining).
+        A `StreamingEngine` loads bucket by bucket; another engine gets the whole list at the
+        end. A failed receive leaves the channel (the next sync joins a new one)."""
         import asyncio
 
         from rstar2_rollout import StreamingEngine
@@ -109,7 +138,10 @@ class EngineActor:
             receiver.connect()
             return receiver
 
-        receiver = await asyncio.to_thread(join)
+        if self._channel is None or self._channel[0] != address:
+            self.close_channel()
+            self._channel = (address, await asyncio.to_thread(join))
+        receiver = self._channel[1]
         connected = time.perf_counter()
         try:
             if isinstance(self._engine, StreamingEngine):
@@ -123,8 +155,9 @@ class EngineActor:
                 await self._engine.update_weights(items)
                 moved = sum(t.numel() * t.element_size() for _, t in items)
                 buckets = len(buckets_got)
-        finally:
-            receiver.close()
+        except BaseException:
+            self.close_channel()
+            raise
         return {
             "bytes_moved": float(moved),
             "buckets": float(buckets),
@@ -132,21 +165,11 @@ class EngineActor:
             "seconds": time.perf_counter() - start,
         }
 
-    def weights(self, names: Sequence[str] | None = None) -> dict[str, Any]:
-        """The engine's own parameters (vLLM's names, fused projections included), as CPU
-        tensors, read inside its worker: for checks that a sync landed, not for training."""
-        inner: Any = self._engine
-        wanted = set(names) if names is not None else None
-
-        def read(worker: Any) -> dict[str, Any]:
-            model = worker.model_runner.model
-            return {
-                n: p.detach().cpu().clone()
-                for n, p in model.named_parameters()
-                if wanted is None or n in wanted
-            }
-
-        return inner._engine.collective_rpc(read)[0]
+    def close_channel(self) -> None:
+        """Leave the weight channel, if in one."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel[1].close()
 
     async def sleep(self, level: int = 1) -> None:
         """Free accelerator memory for an update (1: offload weights, 2: drop them too)."""
@@ -161,7 +184,31 @@ class EngineActor:
         return not self._engine.sleeping
 
     async def close(self) -> None:
+        self.close_channel()
         await self._engine.close()
+
+
+def on_devices(config: EngineConfig, devices: Sequence[int]) -> EngineConfig:
+    """`config` placed on `devices`: a vLLM engine's `device_ids` (one per tensor-parallel
+    rank, the first ones when there are more), replacing what a recipe set; other kinds and an
+    empty list (a CPU engine) unchanged."""
+    if not devices or not isinstance(config, VLLMEngineConfig):
+        return config
+    ids = tuple(devices[: config.tensor_parallel_size])
+    return VLLMEngineConfig.model_validate({**config.model_dump(), "device_ids": ids})
+
+
+def _ray_devices() -> list[int]:
+    """This Ray actor's GPU indices; [] outside Ray or without GPUs."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    if not ray.is_initialized():
+        return []
+    from rstar2_trainer.placement.devices import actor_device_indices
+
+    return actor_device_indices()
 
 
 def _health(address: str) -> bool:

@@ -9,7 +9,15 @@ server runs as a child process too; `mode=address` connects to a running one, `m
 grades in-process. Trajectories come from one `rstar2_rollout.TrajectorySource`: an in-process
 `RolloutService` (the rollout package's scheduler and agent loop over local engines), or, with a
 `remote` section, the `rstar2-rollout serve` services (`remote.RemoteServices`; no local engine
-or sandbox).
+or sandbox). The weights move through `Parts.mover` (placement/weights.py): a `TensorMover`
+streaming the driver's weights into the local engines, or a `RemoteMover` to the services.
+
+The child services are supervised (`run.service_restarts`, `run.service_retry_s`): the verify
+server by its `ChildServer` (restarted on the same port), the sandbox child by rstar2-sandbox's
+`ChildSandbox` (restarted on a new port, its client re-pointed); both clients send a call again
+while the service comes back. `Parts.check_servers` raises a restartable `ServerError` for a
+service dead for good, and `Parts.service_counts` says how many restarts and resent calls there
+were.
 """
 
 from __future__ import annotations
@@ -44,7 +52,14 @@ from rstar2_trainer.config import (
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.remote import RemoteServices
-from rstar2_trainer.placement.servers import ChildServer, RunToken, console_script, service_token
+from rstar2_trainer.placement.servers import (
+    ChildServer,
+    RunToken,
+    ServerError,
+    console_script,
+    service_token,
+)
+from rstar2_trainer.placement.weights import RemoteMover, TensorMover, WeightMover
 from rstar2_verify import Scorer, Verifier
 
 
@@ -59,14 +74,28 @@ class Parts:
     source: TrajectorySource  # RolloutService over `engines`, or the RemoteServices
     sandbox: Sandbox | None  # None when rollouts run on remote services (they call their own)
     scorer: Scorer
+    mover: WeightMover  # sleeps the engines and pushes the policy's weights (weights.py)
     servers: list[ChildServer] = field(default_factory=list)
     remote: RemoteServices | None = None  # the rollout services, in remote mode
-    train_group: Any = None  # colocated placement: the ranks that also hold the engines
+    train_group: Any = None  # the FSDP2 ranks (a TrainGroup) the placement started, if any
 
     def check_servers(self) -> None:
-        """Raise ServerError if a child server died."""
+        """Raise ServerError (restartable) if a child service died and cannot come back."""
         for server in self.servers:
             server.check()
+        if getattr(self.sandbox, "alive", True) is False:
+            restarts = getattr(self.sandbox, "restarts", 0)
+            raise ServerError(
+                f"the sandbox child server died and {restarts} restarts did not bring it back",
+                restartable=True,
+            )
+
+    def service_counts(self) -> dict[str, int]:
+        """Since the start: restarts of the child services, and calls sent more than once."""
+        restarts = sum(s.restarts_done for s in self.servers)
+        restarts += int(getattr(self.sandbox, "restarts", 0))
+        retried = int(getattr(self.sandbox, "retried", 0)) + self.scorer.verifier.retried
+        return {"service_restarts": restarts, "calls_retried": retried}
 
 
 def local_source(
@@ -94,6 +123,8 @@ def prepare_model_dir(config: TrainerConfig, run_dir: Path, corpus: Sequence[str
     A tiny model's tokenizer is trained on `corpus` (the text the model will see: the system
     prompt, questions, SFT traces), so the long system prompt costs few tokens.
     """
+    if config.init is not None and getattr(config.model, "lora", None) is not None:
+        return run_dir / "base"  # a LoRA run from a checkpoint: its weights (rundir/origin.py)
     if isinstance(config.model, PretrainedModelConfig):
         return Path(config.model.path)
     out = run_dir / "model"
@@ -186,12 +217,18 @@ async def _open_verifier(
             str(config.verify.timeout_s),
         ]
         server = ChildServer(
-            "verify", argv, port=service.port, health=grpc_healthy, token_file=_path(token)
+            "verify",
+            argv,
+            port=service.port,
+            health=grpc_healthy,
+            token_file=_path(token),
+            restarts=config.run.service_restarts,
         )
         servers.append(server)
         address = server.start()
     assert address is not None
-    return Verifier.remote(address, token=service_token(service, token))
+    token_value = service_token(service, token)
+    return Verifier.remote(address, token=token_value, retry_for_s=config.run.service_retry_s)
 
 
 def _path(token: RunToken | None) -> Path | None:
@@ -216,17 +253,27 @@ async def open_parts(
             fmt = ChatFormat(tokenizer, system_prompt(style=config.rollout.system_prompt))
             remote = await RemoteServices.connect(config.remote, fmt.prompt_ids)
             stack.push_async_callback(remote.close)
+            engines = Engines([])
+            mover = RemoteMover(engines, remote)
             yield Parts(
-                model_dir, model, tokenizer, Engines([]), remote, None, scorer, servers, remote
+                model_dir, model, tokenizer, engines, remote, None, scorer, mover, servers, remote
             )
             return
-        sandbox = await stack.enter_async_context(open_sandbox(config.tool, config.sandbox))
+        sandbox = await stack.enter_async_context(
+            open_sandbox(
+                config.tool,
+                config.sandbox,
+                restarts=config.run.service_restarts,
+                retry_for_s=config.run.service_retry_s,
+            )
+        )
         engines = Engines([EngineMeter(e) for e in build_engines(config, model_dir)])
         for engine in engines:
             stack.push_async_callback(engine.close)
         source, scheduler = local_source(config, engines, sandbox, tokenizer)
         stack.push_async_callback(scheduler.close)
-        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer, servers)
+        mover = TensorMover(engines)
+        yield Parts(model_dir, model, tokenizer, engines, source, sandbox, scorer, mover, servers)
 
 
 def _stop_all(servers: Sequence[ChildServer]) -> None:

@@ -9,6 +9,11 @@ safetensors with its tokenizer and `rstar2.json`. The weights are the driver's `
 for a run that trained on FSDP2 workers (`cluster.train_workers`), the workers' DCP shards in
 `checkpoints/workers/step_N/`, gathered in this process with no process group
 (`sharded_checkpoint.load_sharded`; the whole model must fit in this machine's memory).
+
+A LoRA run's checkpoint holds its adapters: the export is a PEFT adapter folder whose
+`adapter_config.json` names the run's base folder (`base_model_name_or_path`), or with `merged`
+the base with the adapter merged in (PEFT's `merge_and_unload`), a model folder like a full
+run's. `merged_policy_dir(run_dir, step, out)` is the latter, for `--init-from` a LoRA run.
 """
 
 from __future__ import annotations
@@ -94,7 +99,26 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
         load_sharded(path.parent / WORKERS_DIR / path.name, model=model, optimizer=None)
 
 
-def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None = None) -> Path:
+def _lora_model(config: TrainerConfig, model_dir: Path, path: Path) -> torch.nn.Module:
+    """The run's base (fp32) with checkpoint `path`'s adapters, in this process."""
+    from rstar2_trainer.placement.local import load_policy
+    from rstar2_trainer.training import lora
+
+    settings = config.model.lora
+    model, _ = load_policy(model_dir)
+    model = lora.apply_lora(model, settings, base_path=model_dir)
+    weights = path / "model.pt"
+    if weights.is_file():
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        lora.load_trainable_state(model, state)
+    else:
+        load_sharded(path.parent / WORKERS_DIR / path.name, model=model, optimizer=None)
+    return model
+
+
+def export_checkpoint(
+    run_dir: Path, step: int | None = None, out: Path | None = None, *, merged: bool = False
+) -> Path:
     """Write checkpoint `step` (default: the latest) of `run_dir` as a Hugging Face folder.
 
     Raises ConfigError, with a message that says what to do, for anything the user can fix.
@@ -108,11 +132,25 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
         raise ConfigError(f"cannot write {out}: {out.parent} is not a writable folder")
 
     from rstar2_trainer.placement.local import load_policy
-    from rstar2_trainer.rundir.checkpoint import save_policy
+    from rstar2_trainer.rundir.checkpoint import save_adapter_policy, save_policy
+    from rstar2_trainer.training import lora
 
-    model, tokenizer = load_policy(model_dir)
-    load_weights(path, model)
     style = config.rollout.system_prompt
+    if getattr(config.model, "lora", None) is None:
+        if merged:
+            raise ConfigError(f"--merged: {run_dir} trained full weights, not a LoRA adapter")
+        model, tokenizer = load_policy(model_dir)
+        load_weights(path, model)
+    else:
+        _, tokenizer = load_policy(model_dir, weights=False)
+        model = _lora_model(config, model_dir, path)
+        if not merged:
+            adapter = lora.as_adapter(model, torch.float32, model_dir)
+            try:
+                return save_adapter_policy(adapter, tokenizer, out, system_prompt=style, step=step)
+            except OSError as exc:
+                raise ConfigError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        model = model.merge_and_unload()  # type: ignore[operator]
     try:
         return save_policy(model, tokenizer, out, system_prompt=style, step=step)
     except OSError as exc:

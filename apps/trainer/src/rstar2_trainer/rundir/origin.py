@@ -7,7 +7,8 @@ driver's `model.pt` or the FSDP2 workers' shards), optionally its optimizer stat
 curriculum state, is evaluated (`when: init`) and saved as step 0; RL then runs as configured.
 Step numbers, the RNG and the learning-rate warm-up start afresh. A tiny model's folder (its
 architecture and the tokenizer trained for it) is copied from the origin, so the token ids mean
-the same.
+the same. A LoRA run takes the origin's weights as its base (`RUN_DIR/base`; a LoRA origin's
+merged) and starts fresh adapters on it (no optimizer state can be included).
 
 `resolve_origin` checks everything before the run directory exists and raises ConfigError with
 one line for: not a run directory, no such step (the kept ones listed), a model whose
@@ -82,7 +83,7 @@ def _check_model(config: TrainerConfig, origin: TrainerConfig, origin_dir: Path)
             f"--init-from {origin_dir}: that run trained the pretrained model {theirs.path}; "
             f"set model={{kind: pretrained, path: {theirs.path}}}"
         )
-    mine, other = ours.model_dump(), theirs.model_dump()
+    mine, other = ours.model_dump(exclude={"lora"}), theirs.model_dump(exclude={"lora"})
     differ = [f"model.{k} {mine[k]} here, {other[k]} there" for k in mine if mine[k] != other[k]]
     if differ:
         raise ConfigError(
@@ -130,9 +131,19 @@ def resolve_origin(config: TrainerConfig, data: RunData) -> TrainerConfig:
 
 
 def copy_model_dir(config: TrainerConfig, run_dir: Path) -> None:
-    """A tiny model's folder (architecture, tokenizer) from the origin into the new run."""
+    """A tiny model's folder (architecture, tokenizer) from the origin into the new run; for a
+    LoRA run, the origin checkpoint's weights (a LoRA origin's merged) as its base folder,
+    `RUN_DIR/base`, which its engines and policy load (placement/local.py)."""
     init = config.init
-    if init is None or isinstance(config.model, PretrainedModelConfig):
+    if init is None:
+        return
+    lora_run = getattr(config.model, "lora", None) is not None
+    if lora_run and not (run_dir / "base" / "config.json").exists():
+        from rstar2_trainer.rundir.export import export_checkpoint
+
+        lora_origin = getattr(read_run(init.run).model, "lora", None) is not None
+        export_checkpoint(init.run, init.step, run_dir / "base", merged=lora_origin)
+    if isinstance(config.model, PretrainedModelConfig):
         return
     if not (run_dir / "model" / "config.json").exists():
         shutil.copytree(init.run / "model", run_dir / "model", dirs_exist_ok=True)

@@ -114,7 +114,16 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
         f"len {fmt(m.get('response_len_mean'), 0)} trunc {fmt(m.get('truncation_ratio'), 2)} | "
         f"gen {fmt(m.get('time_rollout_s'), 1)}s grade {fmt(m.get('time_grade_tail_s'), 1)}s "
         f"train {fmt(m.get('time_train_s'), 1)}s sync {fmt(m.get('time_sync_s'), 2)}s"
+        + services_note(m)
     )
+
+
+def services_note(m: Mapping[str, Any]) -> str:
+    """The step line's tail when the step restarted a service or resent a call, else ""."""
+    restarts, resent = m.get("service_restarts", 0), m.get("calls_retried", 0)
+    if not restarts and not resent:
+        return ""
+    return f" | services: {restarts} restart{'s' * (restarts != 1)}, {resent} calls resent"
 
 
 TABLE_TITLE = "Held-out evaluation (benchmarks: avg@k)"

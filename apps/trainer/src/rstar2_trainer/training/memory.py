@@ -63,9 +63,36 @@ held out, with a tied head, 1.1 % under (0.36 GiB, inside `overhead`). Those ste
 rows; the packed terms are checked on CPU (bench/memory_fit.py) and, on a GPU, by
 scripts/gpu_check.sh's `block` stage (one Qwen3-14B block at 12K, packed).
 Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
-or gpu_memory_utilization x device minus the weights), an activation/graph reserve, and, with
-offload off, the training state that stays on the device. `host`: the host RAM a colocated
-device's offloads take (sleeping engine weights at level 1, or the offloaded training state).
+or vLLM's share x device minus the weights), an activation/graph reserve (2 GiB, modelled), and,
+with offload off, the training state that stays on the device. `host`: the host RAM a colocated
+device's offloads take (sleeping engine weights at level 1; nothing of them at level 2, which
+drops them and keeps only vLLM's small runtime and CUDA-graph pools; or the offloaded training
+state).
+
+LoRA (`Setup.lora_rank` > 0; A = the adapters' parameters on every linear layer of the blocks,
+`ModelShape.adapter_params`): the base is frozen in the compute dtype, so `master` is c x P / W
+plus the fp32 adapters (4 A / W), and `grads`, `adam` and `optimizer_step` count A only (4, 8,
+4 bytes); `block_params` gathers the base in c bytes and holds the adapters' gradients only; the
+frozen head has no gradient (no `head_grad`, no fp32 accumulator in `loss`); each block keeps,
+a token, its adapters' r-wide intermediates (c x r x 7), in `activations` without checkpointing
+and in `recompute` with it. The engine adds `lora_buffers`: vLLM's stacked adapter buffers
+(`rstar2_rollout.engines.startup.lora_buffer_bytes`: two adapters at the rank vLLM rounds up to,
+every linear layer, 2 bytes a parameter; read from vLLM 0.32's `lora/layers/base_linear.py`),
+counted in its start-up need too. With the training state kept on the device it is c x P + 16 A
+over W; offloaded, the host holds that. Colocated LoRA sleeps at level 1 (the engine's base is
+never pushed again), so the host also holds the engine's weights while the ranks train.
+
+Engine start (`engine_start`, `check_engine_start`): vLLM's worker refuses to start when the
+device's free memory is below ceil(share x total) (`rstar2_rollout.engines.startup`, read from
+vLLM 0.32's `request_memory`). The share is `gpu_memory_utilization` or, None, the engine's need
+(bf16 weights / TP + KV cache + reserve) over the device; free memory when the engine starts is
+the device less `overhead` (context, the rank's NCCL communicator and vLLM's groups over it; the
+allocator was emptied by the offload and by vLLM, so this is an upper bound: modelled, not
+measured) less what the rank keeps there: nothing when colocated with offload (the ranks offload
+before their engines start, `colocated.ColocatedWorker.start_engine`; measured on the H200: 64
+MiB left on the device after an offload, inside the overhead), else its fp32 master shards (4 P /
+W: gradients and AdamW's moments do not exist before the first step). Split engines start on
+GPUs of their own.
 """
 
 from __future__ import annotations
@@ -75,6 +102,16 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rstar2_rollout.engines.startup import (
+    ENGINE_RESERVE_BYTES,
+    LORA_SLOTS,
+    VLLM_DEFAULT_SHARE,
+    lora_slot_rank,
+    need_bytes,
+    requested_bytes,
+    start_share,
+)
 
 GIB = 1 << 30
 
@@ -107,6 +144,16 @@ class ModelShape(BaseModel):
     @property
     def params(self) -> int:
         return self.layers * self.block_params + self.root_params
+
+    def _linears(self) -> list[tuple[int, int]]:
+        """(in, out) of a block's linear layers: q, k, v, o, gate, up, down."""
+        h, i = self.hidden, self.intermediate
+        q, k = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return [(h, q), (h, k), (h, k), (q, h), (h, i), (h, i), (i, h)]
+
+    def adapter_params(self, rank: int) -> int:
+        """LoRA parameters of one block at `rank` on every linear layer (A: r x in, B: out x r)."""
+        return sum(rank * (n_in + n_out) for n_in, n_out in self._linears())
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -152,11 +199,17 @@ class Setup(BaseModel):
     engine_tp: int = Field(default=1, gt=0, description="GPUs of one engine (tensor parallel).")
     sleep_level: Literal[1, 2] = Field(default=1, description="1: engine weights to host RAM.")
     kv_bytes: int | None = Field(default=None, ge=0, description="Explicit KV cache per GPU.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    engine_reserve_bytes: int = Field(default=2 * GIB, ge=0, description="Engine activations.")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="The engine's start-up share; None: its need."
+    )
+    engine_reserve_bytes: int = Field(
+        default=ENGINE_RESERVE_BYTES, ge=0, description="Engine activations, graphs, sampler."
+    )
     overhead_bytes: int = Field(
         default=8 * GIB, ge=0, description="CUDA context, NCCL, the caching allocator's slack."
     )
+    lora_rank: int = Field(default=0, ge=0, description="LoRA rank; 0: full weights train.")
+    engine_lora: bool = Field(default=True, description="The engine serves LoRA (adapter sync).")
 
     @property
     def rows(self) -> int:
@@ -180,6 +233,32 @@ class Setup(BaseModel):
     @property
     def offloading(self) -> bool:
         return self.placement == "colocated" if self.offload is None else self.offload
+
+    @property
+    def adapter(self) -> int:
+        """A: the LoRA parameters (0 when full weights train)."""
+        return self.model.layers * self.model.adapter_params(self.lora_rank)
+
+    @property
+    def trained(self) -> int:
+        """The parameters that train (and have gradients and AdamW state)."""
+        return self.adapter if self.lora_rank else self.model.params
+
+    @property
+    def state_bytes(self) -> int:
+        """A device's training state over W: fp32 master, gradients and AdamW of what trains,
+        plus a LoRA policy's frozen base in the compute dtype."""
+        base = self.compute_bytes * self.model.params if self.lora_rank else 0
+        return math.ceil((base + 16 * self.trained) / self.world_size)
+
+    @property
+    def lora_buffers(self) -> int:
+        """vLLM's LoRA buffers on one device (module docstring); 0 without LoRA."""
+        if not self.lora_rank or not self.engine_lora:
+            return 0
+        slot = lora_slot_rank(self.lora_rank)
+        per_layer = self.model.adapter_params(slot) * LORA_SLOTS * 2
+        return math.ceil(self.model.layers * per_layer / self.engine_tp)
 
 
 class Breakdown(BaseModel):
@@ -231,29 +310,30 @@ MOMENTS: dict[str, tuple[str, ...]] = {
 
 def training_terms(s: Setup) -> dict[str, int]:
     m, c, w = s.model, s.compute_bytes, s.world_size
-    p = m.params
+    p, trained, lora = m.params, s.trained, s.lora_rank > 0
     tokens, scored = s.tokens, s.scored  # M, N
-    layer = _layer_activation_bytes(m, c, s.padded)
+    layer = _layer_activation_bytes(m, c, s.padded) + c * s.lora_rank * 7  # adapters' r-wide
     if s.checkpointing:
         acts, recompute = m.layers * tokens * c * m.hidden, tokens * layer
     else:
         acts, recompute = m.layers * tokens * layer, 0
     chunk = min(s.loss_chunk_tokens, scored)
     head = m.vocab * m.hidden
+    block_trained = m.adapter_params(s.lora_rank) if lora else m.block_params
     return {
-        "master": math.ceil(4 * p / w),
-        "grads": math.ceil(4 * p / w),
-        "adam": math.ceil(8 * p / w),
+        "master": math.ceil(((c * p if lora else 0) + 4 * trained) / w),
+        "grads": math.ceil(4 * trained / w),
+        "adam": math.ceil(8 * trained / w),
         "root_params": c * m.root_params,
-        "block_params": 2 * c * m.block_params + (c + 4) * m.block_params,
+        "block_params": 2 * c * m.block_params + (c + 4) * block_trained,
         "activations": acts,
         "attention_mask": s.rows * s.row_tokens**2 if s.padded else 0,
         "final_norm": tokens * (4 + 2 * c) * m.hidden,
-        "loss": scored * (c * m.hidden + 24) + 12 * chunk * m.vocab + (4 + c) * head,
+        "loss": scored * (c * m.hidden + 24) + 12 * chunk * m.vocab + (0 if lora else 4 + c) * head,
         "recompute": recompute,
         "block_backward": tokens * c * (3 * m.intermediate + 2 * m.hidden),
-        "head_grad": c * head,
-        "optimizer_step": math.ceil(4 * p / w),
+        "head_grad": 0 if lora else c * head,
+        "optimizer_step": math.ceil(4 * trained / w),
         "overhead": s.overhead_bytes,
     }
 
@@ -269,12 +349,14 @@ def rollout_terms(s: Setup, device_bytes: int | None = None) -> dict[str, int]:
     if s.kv_bytes is not None:
         kv = s.kv_bytes  # vLLM's kv_cache_memory_bytes is per GPU, whatever the TP
     elif device_bytes is not None:  # vLLM: utilization x device, less weights and reserve
-        kv = max(0, int(s.gpu_memory_utilization * device_bytes) - weights - s.engine_reserve_bytes)
+        share = s.gpu_memory_utilization or VLLM_DEFAULT_SHARE
+        kv = max(0, int(share * device_bytes) - weights - s.engine_reserve_bytes)
     else:
         raise ValueError("a KV budget needs kv_bytes or the device's memory")
-    kept = 0 if s.offloading else math.ceil(16 * m.params / s.world_size)
+    kept = 0 if s.offloading else s.state_bytes
     return {
         "engine_weights": weights,
+        "lora_buffers": s.lora_buffers,
         "kv_cache": kv,
         "engine_reserve": s.engine_reserve_bytes,
         "training_state": kept,
@@ -293,9 +375,9 @@ def peak_bytes(s: Setup, device_bytes: int | None = None) -> Breakdown:
     t, r = moments[moment] + train["overhead"], sum(roll.values())
     host = 0
     if s.placement == "colocated":
-        asleep = roll["engine_weights"] if s.sleep_level == 1 else 0  # while the ranks train
-        offloaded = 16 * s.model.params // s.world_size if s.offloading else 0  # while rolling out
-        host = max(asleep, offloaded)
+        asleep = roll["engine_weights"] + roll["lora_buffers"] if s.sleep_level == 1 else 0
+        offloaded = s.state_bytes if s.offloading else 0  # while rolling out
+        host = max(asleep, offloaded)  # the engine's while the ranks train, or the state's
     return Breakdown(
         training_terms=train,
         rollout_terms=roll,
@@ -325,6 +407,53 @@ def check_fits(s: Setup, device_bytes: int, *, name: str = "this recipe") -> Bre
     return b
 
 
+class EngineStart(BaseModel):
+    """vLLM's start-up check on one device: free memory when the engine starts, what it asks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    free: int
+    requested: int
+    resident: int  # the rank's training state still on the device
+
+    @property
+    def ok(self) -> bool:
+        return self.free >= self.requested
+
+
+def engine_start(s: Setup, device_bytes: int) -> EngineStart:
+    """The device as the engine finds it and what it asks (see the module docstring)."""
+    m = s.model
+    resident = 0
+    if s.placement == "colocated" and not s.offloading:
+        base = s.compute_bytes * m.params if s.lora_rank else 0  # a LoRA base in c bytes
+        resident = math.ceil((base + 4 * s.trained) / s.world_size)  # fp32 masters, no state yet
+    free = device_bytes - s.overhead_bytes - resident
+    if s.gpu_memory_utilization is not None:
+        share = s.gpu_memory_utilization
+    elif s.kv_bytes is None:
+        share = VLLM_DEFAULT_SHARE  # the engine sizes its KV cache from vLLM's default
+    else:
+        weights = 2 * m.params + s.lora_buffers * s.engine_tp  # need_bytes divides by TP
+        need = need_bytes(weights, s.kv_bytes, s.engine_tp, s.engine_reserve_bytes)
+        share = start_share(need, device_bytes)
+    return EngineStart(free=free, requested=requested_bytes(device_bytes, share), resident=resident)
+
+
+def check_engine_start(s: Setup, device_bytes: int, *, name: str = "this recipe") -> EngineStart:
+    """The start check, or a ValueError in one line when vLLM would refuse to start."""
+    e = engine_start(s, device_bytes)
+    if not e.ok:
+        raise ValueError(
+            f"{name}'s engine would not start: vLLM asks for {e.requested / GIB:.1f} GiB free "
+            f"of the {device_bytes / GIB:.1f} GiB device and finds {e.free / GIB:.1f} "
+            f"(overhead {s.overhead_bytes / GIB:.1f}, training state on the device "
+            f"{e.resident / GIB:.1f}); unset engine.gpu_memory_utilization (the engine's own "
+            "need), turn on cluster.offload_train_state, or lower engine.kv_cache_memory_bytes"
+        )
+    return e
+
+
 def setup_from_config(
     config: Any, model_config: Mapping[str, Any], *, prompt_tokens: int = 1024
 ) -> Setup:
@@ -340,6 +469,7 @@ def setup_from_config(
     colocate = bool(getattr(cluster, "colocate", False))
     workers = int(getattr(cluster, "train_workers", 0) or 0)
     engine = config.engine
+    lora = getattr(config.model, "lora", None)
     kv = getattr(engine, "kv_cache_memory_bytes", None)
     overhead = float(getattr(cluster, "memory_overhead_gib", 8.0))
     return Setup(
@@ -353,7 +483,10 @@ def setup_from_config(
         placement="colocated" if colocate or cluster is None else "split",
         offload=getattr(cluster, "offload_train_state", None),
         engine_tp=max(1, int(getattr(cluster, "gpus_per_engine", 1) or 1)),
+        sleep_level=2 if getattr(cluster, "sleep_level", 1) == 2 else 1,
         kv_bytes=int(kv) if kv is not None else None,
-        gpu_memory_utilization=float(getattr(engine, "gpu_memory_utilization", 0.9) or 0.9),
+        gpu_memory_utilization=getattr(engine, "gpu_memory_utilization", None),
         overhead_bytes=int(overhead * GIB),
+        lora_rank=lora.rank if lora is not None else 0,
+        engine_lora=lora is not None and lora.sync == "adapter",
     )

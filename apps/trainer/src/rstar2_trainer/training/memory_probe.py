@@ -208,6 +208,7 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
     out: dict[str, Any] = {
         "baseline_bytes": before,
         "state_bytes": state - before,
+        "state_tensor_bytes": _state_tensor_bytes(model, optimizer),
         "measured_bytes": peak - before,
         "backward_bytes": moments["backward"] - before,  # forward and backward, to optimizer.step
         "optimizer_bytes": moments["optimizer"] - before,  # inside optimizer.step
@@ -223,6 +224,36 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
     if shape.offload_cycle:
         out["offload"] = _offload_cycle(model, optimizer, world.device, used, before, step)
     return out
+
+
+def _state_tensor_bytes(model: Any, optimizer: Any) -> int:
+    """The resting training state counted from its tensors (parameters, gradients, optimizer
+    state), each storage once: what `state_bytes` measures through RSS, without the host's
+    allocator, swap or page-cache behaviour in it."""
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if t is None or not hasattr(t, "untyped_storage"):
+            return
+        if isinstance(t, DTensor):
+            t = t.to_local()
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen and storage.nbytes():
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for state in optimizer.state.values():
+        for v in state.values():
+            if getattr(v, "dim", lambda: 0)() > 0:  # `step` counters are scalars
+                add(v)
+    return total
 
 
 def _random_model(shape: ProbeShape) -> Any:

@@ -1,7 +1,7 @@
 """The policy being trained, behind one interface: in the driver, or on FSDP2 training ranks.
 
     Policy.update(kept, advantages, lr, temperature)  one RL update (mini-batches x epochs)
-    Policy.sync(parts)                                 the weights into the rollout engines
+    Policy.weights()                                   what a push sends (see below)
     Policy.sft(examples, sft, seed, on_step)           non-reasoning SFT (before RL)
     Policy.load_weights(checkpoint)                    a checkpoint folder's weights (init-from)
     Policy.save(checkpoints, step, state)              the run's checkpoint of this step
@@ -18,7 +18,20 @@ micro-batching implementation and one SFT loop.
 
 The policy owns the weights from the start: it and the engines both load the model folder, so
 nothing is pushed before the first update unless SFT or `--init-from` changed the weights (the
-caller then calls `sync`).
+caller then pushes). A policy chooses no transport: `weights()` exposes what a push reads, the
+driver's `(name, tensor)` pairs (fp32 master weights, `state_dict` order) or the
+`train_workers.TrainGroup` of the ranks that hold them sharded, and the placement's weight
+mover (placement/weights.py) sleeps the engines, moves the training state and pushes. Every
+method below that runs collectives on ranks expects the mover to have put the state on the
+devices first (the loop calls `mover.sleep()` before it).
+
+A LoRA policy (`model.lora`, training/lora.py) is the same policy over a PEFT model: the base
+frozen in the training dtype, the adapters and their AdamW in fp32. `weights()` is then the
+adapter (an `rstar2_rollout.Adapter`, `model.lora.sync: adapter`) or the merged weights
+(`merged`); checkpoints hold the adapters and their optimizer state (the base is the model
+folder); the policy folder is a PEFT adapter folder (`save_adapter_policy`). `load_weights`
+(`--init-from`) leaves a LoRA policy alone: the origin's weights are its base folder already
+(rundir/origin.py), and its adapters start afresh.
 
 An update is PPO-style: the kept batch is cut into `optim.mini_batches` contiguous mini-batches
 and passed over `optim.epochs` times, one optimizer step per mini-batch. With more than one step
@@ -32,10 +45,10 @@ overlap, `async.max_staleness >= 1`, with partial rollouts or one-step-off):
 rollout pool's tasks (turns, tool calls, grading) go on while the driver trains. Nothing else
 touches the model meanwhile: the engines load their own copy from the model folder (none holds
 the policy's tensors), a push reads the weights only after the update returned, and SFT,
-checkpoints and evaluations run with the pool drained or idle. The update draws nothing from
+checkpoints and evaluations run with the pool paused or idle. The update draws nothing from
 torch's global generator unless the model has dropout (the transformers engine seeds that
 generator per request, so dropout would perturb concurrent sampling). Without
-`off_loop` the update runs in the loop, as before (a synchronous run is unchanged). A
+`off_loop` the update runs in the loop (a synchronous run). A
 `WorkerPolicy` awaits its ranks, so its loop is free either way.
 """
 
@@ -51,8 +64,14 @@ import torch
 
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
-from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint, save_policy
+from rstar2_trainer.rundir.checkpoint import (
+    Checkpoint,
+    save_adapter_policy,
+    save_checkpoint,
+    save_policy,
+)
 from rstar2_trainer.sft import Example, OnStep, SFTResult, driver_sft_step, sft_loop
+from rstar2_trainer.training import lora
 from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, with_values
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.update import (
@@ -71,7 +90,7 @@ class Policy(Protocol):
         self, kept: Sequence[Trajectory], advantages: torch.Tensor, *, lr: float, temperature: float
     ) -> dict[str, float]: ...
 
-    async def sync(self, parts: Any) -> dict[str, float]: ...
+    def weights(self) -> Any: ...
 
     async def sft(
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
@@ -101,6 +120,8 @@ class DriverPolicy:
         off_loop: bool = False,
     ) -> None:
         self.model = model
+        self.lora = getattr(config.model, "lora", None)  # LoRA settings; None: full weights
+        self.model_dir: Path | None = None  # the base folder a LoRA adapter names
         self.off_loop = off_loop  # update on a worker thread, the event loop free meanwhile
         self.config = config
         self.precision = precision
@@ -163,21 +184,26 @@ class DriverPolicy:
             )
         return with_values(rows, "old_logp", logps)
 
-    async def sync(self, parts: Any) -> dict[str, float]:
-        if parts.remote is not None:
-            return {"time_sync_s": await parts.remote.push_weights(self.model.state_dict().items())}
-        return (await parts.engines.push(self.model.state_dict().items())).as_metrics()
+    def weights(self) -> Any:
+        """The fp32 master weights as `(name, tensor)` pairs, read when a push iterates them;
+        a LoRA policy's adapter (`Adapter`, fp32) or its merged weights."""
+        if self.lora is None:
+            return self.model.state_dict().items()
+        if self.lora.sync == "merged":
+            return lora.merged_tensors(self.model, torch.float32)
+        return lora.as_adapter(self.model, torch.float32, self.model_dir)
 
     async def load_weights(self, checkpoint: Path) -> None:
         from rstar2_trainer.rundir.export import load_weights
 
-        load_weights(checkpoint, self.model)
+        if self.lora is None:  # a LoRA policy's base is the origin's weights (module docstring)
+            load_weights(checkpoint, self.model)
 
     async def save(self, checkpoints: Path, step: int, state: dict[str, Any]) -> None:
         save_checkpoint(
             checkpoints,
             step,
-            model=self.model,
+            model=self.model if self.lora is None else lora.TrainableState(self.model),  # type: ignore[arg-type]
             optimizer=self.optimizer,
             state=state,
             keep=self.config.run.keep_checkpoints,
@@ -189,7 +215,10 @@ class DriverPolicy:
                 f"{checkpoint.path} holds no model.pt: it was written with training workers; "
                 "resume with the run's cluster.train_workers"
             )
-        self.model.load_state_dict(checkpoint.model)
+        if self.lora is None:
+            self.model.load_state_dict(checkpoint.model)
+        else:
+            lora.load_trainable_state(self.model, checkpoint.model)
         if checkpoint.optimizer is not None:
             self.optimizer.load_state_dict(checkpoint.optimizer)
 
@@ -201,7 +230,8 @@ class DriverPolicy:
     ) -> SFTResult:
         """SFT of the driver's model (`sft.sft_loop` through `train_step`), with an optimizer of
         its own (the RL one is untouched)."""
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.lr, weight_decay=0.0)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=sft.lr, weight_decay=0.0)
         step = driver_sft_step(
             self.model, optimizer, sft.micro_batch_tokens, self.precision, pad_id=self.pad_id
         )
@@ -219,6 +249,11 @@ class DriverPolicy:
         return result
 
     async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
+        if self.lora is not None:  # the adapter folder; its base is the model folder
+            adapter = lora.as_adapter(self.model, torch.float32, self.model_dir)
+            return save_adapter_policy(
+                adapter, tokenizer, out, system_prompt=system_prompt, step=step
+            )
         return save_policy(self.model, tokenizer, out, system_prompt=system_prompt, step=step)
 
 
@@ -232,9 +267,9 @@ async def open_policy(
     pad_id: int,
     group: Any = None,
 ) -> AsyncIterator[Policy]:
-    """The run's policy: on `cluster.train_workers` FSDP2 ranks (`group` when colocated
-    placement already started them; `model` None: the driver loads none), or in the driver
-    (`model`, moved to `precision.device`)."""
+    """The run's policy: on the `cluster.train_workers` FSDP2 ranks the placement started
+    (`group`; `model` None: the driver loads none), or in the driver (`model`, moved to
+    `precision.device`)."""
     from rstar2_trainer.training.worker_policy import open_worker_policy
 
     async with open_worker_policy(config, model_dir, pad_id=pad_id, group=group) as workers:
@@ -243,6 +278,13 @@ async def open_policy(
             return
         if model is None:
             raise ValueError("the driver trains (cluster.train_workers 0) but loaded no model")
+        settings = getattr(config.model, "lora", None)
+        if settings is not None:  # the base frozen in the training dtype, fp32 adapters
+            model = lora.apply_lora(
+                model, settings, base_dtype=precision.dtype, base_path=model_dir
+            )
         model.to(precision.device)  # fp32 master weights, on the training device
         off_loop = config.async_.max_staleness > 0  # the pool generates while the driver trains
-        yield DriverPolicy(model, config, precision, pad_id=pad_id, off_loop=off_loop)
+        policy = DriverPolicy(model, config, precision, pad_id=pad_id, off_loop=off_loop)
+        policy.model_dir = model_dir
+        yield policy

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -44,9 +44,9 @@ class WorkerPolicyLoss:
     With `values["behaviour_logp"]` the token losses are weighed by `algo.off_policy` and the
     mismatch metrics come back as sums over the tokens that have a behaviour logprob:
     `mismatch_kl`, `mismatch_masked_frac`, `mismatch_weight_mean`, `mismatch_token_share` (the
-    count itself: its global mean is the share of loss tokens measured) and `mismatch_ratio_max`
-    (each micro-batch's largest ratio times its count: globally a token-weighted mean of
-    micro-batch maxima, since `train_step` reduces sums only).
+    count itself: its global mean is the share of loss tokens measured; `merge_steps` divides the
+    other means by it, so they are means over the measured tokens), and `mismatch_ratio_max`, the
+    micro-batch's largest ratio (`train_step` takes the max over micro-batches and ranks).
     """
 
     algo: AlgoConfig
@@ -70,7 +70,10 @@ class WorkerPolicyLoss:
             known = mask.bool() & behaviour.isfinite()  # [B, T]
             fix = algo.off_policy(old, behaviour.nan_to_num(0.0), known)
             weights, measured = fix.weights, float(known.sum())
-            mismatch = {k: float(v) * measured for k, v in fix.metrics.items()}
+            mismatch = {
+                k: float(v) if k.endswith("_max") else float(v) * measured
+                for k, v in fix.metrics.items()
+            }
             mismatch["mismatch_token_share"] = measured
         loss, metrics = algo.policy_loss(
             logp,
@@ -114,9 +117,8 @@ def behaviour_logprobs(t: Trajectory) -> list[float] | None:
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: float):
-    return torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
-    )
+    trainable = [p for p in model.parameters() if p.requires_grad]  # a LoRA base is frozen
+    return torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
 
 
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
@@ -139,7 +141,10 @@ def mini_batches(rows: Sequence[Row], count: int) -> list[list[Row]]:
 
 
 def merge_steps(steps: Sequence[StepResult]) -> dict[str, float]:
-    """One update's metrics: the means over its optimizer steps, and how many there were."""
+    """One update's metrics: the means over its optimizer steps (the `*_max` ones: the max), and
+    how many there were. The mismatch means are over the tokens that had a behaviour logprob
+    (divided by `mismatch_token_share`, the share of loss tokens that had one)."""
+    steps = [replace(s, metrics=_measured_means(s.metrics)) for s in steps]
     n = len(steps)
     keys = sorted({k for s in steps for k in s.metrics})
     out = {
@@ -150,5 +155,17 @@ def merge_steps(steps: Sequence[StepResult]) -> dict[str, float]:
         "optim_steps": n,
     }
     for key in keys:
-        out[key] = sum(s.metrics.get(key, 0.0) for s in steps) / n
+        values = [s.metrics[key] for s in steps if key in s.metrics]
+        out[key] = max(values) if key.endswith("_max") else sum(values) / n
     return out
+
+
+_MEASURED = ("mismatch_kl", "mismatch_masked_frac", "mismatch_weight_mean")
+
+
+def _measured_means(metrics: dict[str, float]) -> dict[str, float]:
+    """The mismatch means per measured token, not per loss token."""
+    share = metrics.get("mismatch_token_share", 0.0)
+    if share <= 0:
+        return metrics
+    return {k: v / share if k in _MEASURED else v for k, v in metrics.items()}

@@ -1,26 +1,23 @@
-"""The RL policy trained on FSDP2 workers: the loop's handle with `cluster.train_workers`.
+"""The RL policy trained on FSDP2 ranks: the loop's handle with `cluster.train_workers`.
 
-With `cluster.train_workers: N` (N > 0) the policy update of every RL step runs on N FSDP2 ranks,
-one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
+With `cluster.train_workers: N` (N > 0) the placement starts N FSDP2 ranks
+(`train_workers.TrainGroup`; Ray actors, colocated with the engines or on GPUs of their own)
+and the policy update of every RL step runs on them instead of in the driver:
 
     driver: kept trajectories + advantages -> rows ---> rank 0 .. N-1 (rows split by tokens)
             lr, the algorithm's loss, temperature        train_step: forward, backward, AdamW
                                                          on the sharded parameters and state
-    engines <-- weight channel <-- rank 0               (gloo / NCCL broadcast of bf16
-                                                         buckets; the driver never holds them)
 
-- `open_worker_policy(config, model_dir)` yields None when `train_workers` is 0 (the driver
-  trains as before), else a `WorkerPolicy` whose ranks loaded the model folder; it closes them
-  on exit.
-- It is a `policy.Policy`: `update(...)` runs `distributed.train_step` on the ranks, the step
-  the driver's `DriverPolicy` runs as a world of one: the same loss (`WorkerPolicyLoss`), the
-  same global normalisation, the same metrics (loss, grad_norm, clip fractions, entropy, ...);
-  `optim.mini_batches` x `optim.epochs` give one rank step per mini-batch and epoch; the old
-  logprobs are computed on the ranks first (`distributed.row_logprobs`), as the driver does.
-- `sync(parts)` sends the weights to the engines and returns the `time_sync_s` metrics: split,
-  every rank gathers and rank 0 broadcasts `cluster.bucket_bytes` buckets in the engines' dtype
-  over a weight channel the engine actors join (`Engines.push_channel`; a dead engine is
-  dropped, the step goes on); colocated, each rank pushes into its own engine.
+- `WorkerPolicy(group, config, model_dir)` is a `policy.Policy`: `update(...)` runs
+  `distributed.train_step` on the ranks, the step the driver's `DriverPolicy` runs as a world of
+  one: the same loss (`WorkerPolicyLoss`), the same global normalisation, the same metrics (loss,
+  grad_norm, clip fractions, entropy, ...); `optim.mini_batches` x `optim.epochs` give one rank
+  step per mini-batch and epoch; the old logprobs are computed on the ranks first
+  (`distributed.row_logprobs`), as the driver does.
+- `weights()` is the rank group: what the placement's weight mover pushes from
+  (placement/weights.py). The policy chooses no transport and moves no training state: the
+  mover puts the engines to sleep and the state on the devices before the loop calls any of
+  the methods below, each of which runs collectives on the ranks.
 - `sft(examples, ...)` runs non-reasoning SFT on the ranks: `sft.sft_loop`, the driver's loop,
   each step a `train_step` over the ranks.
 - `load_weights(checkpoint)` (`--init-from`) loads a checkpoint's weights into the ranks from its
@@ -33,27 +30,34 @@ one Ray actor each (`train_workers.TrainGroup`), instead of in the driver:
   parameter by parameter and written bucket by bucket; the config copied from the model folder.
 
 The driver holds no model: the ranks load the model folder (meta-device init, shard by shard),
-the engines load it themselves, and nothing travels until the first `sync`.
+the engines load it themselves, and nothing travels until the first push.
 
-Not covered: training ranks on GPUs held by colocated engines (the config refuses `colocate`
-with `train_workers`), a batch with fewer kept trajectories than ranks (an
-error that says what to change).
+A LoRA policy (`model.lora`) lives on the ranks the same way (`lora.load_sharded_lora_model`);
+its checkpoints hold the adapters and their optimizer state (the sharded checkpoint skips frozen
+parameters), `export` writes the PEFT adapter folder from rank 0's gathered adapter, and
+`load_weights` leaves it alone (its base is the origin's weights already, rundir/origin.py).
+
+Not covered: a batch with fewer kept trajectories than ranks (an error that says what to
+change).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
-from rstar2_trainer.placement.colocated import ColocatedGroup
-from rstar2_trainer.rundir.checkpoint import Checkpoint, save_checkpoint, write_policy
+from rstar2_trainer.rundir.checkpoint import (
+    Checkpoint,
+    save_adapter_policy,
+    save_checkpoint,
+    write_policy,
+)
 from rstar2_trainer.sft import MAX_GRAD_NORM, Example, OnStep, SFTResult, sft_loop, sft_loss
 from rstar2_trainer.training.distributed import (
     DistributedConfig,
@@ -61,10 +65,8 @@ from rstar2_trainer.training.distributed import (
     StepResult,
     longest_first_chunks,
 )
-from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
+from rstar2_trainer.training.train_workers import TrainGroup
 from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
-
-G = TypeVar("G", bound=TrainGroup)
 
 WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
 
@@ -93,7 +95,6 @@ class WorkerPolicy:
     ) -> dict[str, float]:
         """One rank step per mini-batch and epoch; the metrics `DriverPolicy.update` gives."""
         o = self.config.optim
-        onloaded = await self._onload()
         rows = policy_rows(kept, advantages)
         parts = mini_batches(rows, o.mini_batches)
         if min(len(p) for p in parts) < len(self.group.actors):
@@ -126,48 +127,17 @@ class WorkerPolicy:
                         with_entropy=True,
                     )
                 )
-        return {**merge_steps(steps), **onloaded}
+        return merge_steps(steps)
 
-    async def sync(self, parts: Any) -> dict[str, float]:
-        """The ranks' weights into every engine; `time_sync_s` and its parts.
-
-        Colocated, each rank pushes into its own engine (wake its weights, push, offload the
-        training state, wake its KV cache); split, rank 0's weights go to every engine."""
-        if not isinstance(self.group, ColocatedGroup):
-            pushed = await parts.engines.push_channel(
-                self.group, bucket_bytes=self.cluster.bucket_bytes
-            )
-            return pushed.as_metrics()
-        engines = parts.engines
-        start = time.perf_counter()
-        wake_s = await engines.wake(["weights"])
-        pushed = await self.group.push(self.cluster.bucket_bytes)
-        metrics = {
-            "time_sync_load_s": pushed["seconds"],
-            "sync_bytes": pushed["bytes_moved"],
-            "sync_buckets": pushed["buckets"],
-        }
-        if self.cluster.offloads:
-            moved = await self.group.offload()
-            metrics.update(time_offload_s=moved["seconds"], offload_bytes=moved["bytes"])
-        wake_s += await engines.wake(["kv_cache"])
-        metrics.update(time_wake_s=wake_s, time_sync_s=time.perf_counter() - start)
-        return metrics
-
-    async def _onload(self) -> dict[str, float]:
-        """Colocated with offload: the training state back on the devices before a step."""
-        if not (isinstance(self.group, ColocatedGroup) and self.cluster.offloads):
-            return {}
-        moved = await self.group.onload()
-        return {"time_onload_s": moved["seconds"], "onload_bytes": moved["bytes"]}
+    def weights(self) -> TrainGroup:
+        """The ranks that hold the weights, sharded: what the placement's mover pushes from."""
+        return self.group
 
     async def sft(
         self, examples: Sequence[Example], sft: SFTConfig, *, seed: int, on_step: OnStep
     ) -> SFTResult:
         """SFT on the ranks: `sft.sft_loop`, each step a `train_step` over the ranks with
-        `sft_loss`. The ranks' optimizer is SFT's during it and a fresh RL one after.
-        Colocated, the caller put the engines to sleep; the training state comes back first."""
-        await self._onload()
+        `sft_loss`. The ranks' optimizer is SFT's during it and a fresh RL one after."""
         await self.group.reset_optimizer(lr=sft.lr, weight_decay=0.0, betas=(0.9, 0.999))
 
         async def step(rows: list[Row], lr: float) -> StepResult:
@@ -198,7 +168,10 @@ class WorkerPolicy:
 
     async def load_weights(self, checkpoint: Path) -> None:
         """Checkpoint folder `checkpoint`'s weights into the ranks, read there: the workers'
-        shards of that step, or the driver's `model.pt`."""
+        shards of that step, or the driver's `model.pt`. The caller put the state on the devices
+        first (the mover's `sleep`: colocated ranks offload it before their engines start)."""
+        if getattr(self.config.model, "lora", None) is not None:
+            return  # the base folder holds the origin's weights; fresh adapters
         shards = checkpoint.parent / WORKERS_DIR / checkpoint.name
         if (shards / ".metadata").is_file():
             await self.group.load_weights(shards)
@@ -235,7 +208,12 @@ class WorkerPolicy:
 
     async def export(self, out: Path, tokenizer: Any, *, system_prompt: str, step: int) -> Path:
         """The policy folder, its weights written by rank 0 (`TrainGroup.export`), its config
-        copied from the model folder."""
+        copied from the model folder; a LoRA policy's adapter folder (rank 0's gathered adapter)."""
+        if getattr(self.config.model, "lora", None) is not None:
+            adapter = await self.group.adapter("float32")
+            return save_adapter_policy(
+                adapter, tokenizer, out, system_prompt=system_prompt, step=step
+            )
         return await write_policy(
             lambda tmp: self.group.export(tmp),
             self.model_dir,
@@ -259,57 +237,18 @@ def distributed_config(config: TrainerConfig) -> DistributedConfig:
     )
 
 
-async def start_train_group(
-    config: TrainerConfig,
-    model_dir: Path,
-    *,
-    group_class: type[G] = TrainGroup,
-    actor_class: type = TrainWorker,
-) -> G:
-    """`cluster.train_workers` ranks of `actor_class` on the model folder, set up from the
-    cluster, train and optim sections (colocated placement passes its own classes)."""
-    cluster = config.cluster
-    assert cluster is not None
-    return await group_class.start(
-        cluster.train_workers,
-        model_dir,
-        distributed_config(config),
-        lr=config.optim.lr,
-        betas=config.optim.betas,
-        weight_decay=config.optim.weight_decay,
-        gpus_per_worker=cluster.gpus_per_train_worker,
-        cpus_per_worker=cluster.cpus_per_train_worker,
-        threads=cluster.train_threads,
-        timeout_s=cluster.start_timeout_s,
-        actor_class=actor_class,
-    )
-
-
 @contextlib.asynccontextmanager
 async def open_worker_policy(
-    config: TrainerConfig, model_dir: Path, *, pad_id: int, group: TrainGroup | None = None
+    config: TrainerConfig, model_dir: Path, *, pad_id: int, group: TrainGroup | None
 ) -> AsyncIterator[WorkerPolicy | None]:
-    """Start `cluster.train_workers` ranks on the model folder (None when 0); close them after.
-    With `group` (colocated placement started the ranks with their engines) use it as it is:
-    its owner closes it."""
-    from rstar2_trainer.placement.cluster import ClusterError
-
+    """The policy on the ranks the placement started (`group`), or None when the driver
+    trains (`cluster.train_workers` 0). The placement closes the ranks."""
     cluster = config.cluster
     if cluster is None or cluster.train_workers == 0:
         yield None
         return
-    if group is not None:
-        yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)
-        return
-    try:
-        group = await start_train_group(config, model_dir)
-    except TimeoutError:
-        raise ClusterError(
-            f"{cluster.train_workers} training workers of {cluster.gpus_per_train_worker} GPU "
-            f"and {cluster.cpus_per_train_worker} CPU were not placed in "
-            f"{cluster.start_timeout_s:.0f} s; check `ray status` for free resources"
-        ) from None
-    try:
-        yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)
-    finally:
-        await group.close()
+    if group is None:
+        raise ValueError(
+            f"cluster.train_workers is {cluster.train_workers} but the placement started no ranks"
+        )
+    yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)

@@ -6,9 +6,10 @@ thread, after the requests submitted before it (`at_push: wait`), or at once wit
 aborted and answered "interrupted" with their tokens so far (`at_push: abort`): `begin_weights`
 starts vLLM 0.32's layerwise reload (`initialize_layerwise_reload`) on every worker,
 `load_weights(bucket)` runs the model's own `load_weights` on one bucket, `finish_weights`
-finalises the pending layers, resets the runner's LoRA/encoder/multimodal state and the prefix
-cache, counts the new weights version (`weights_version`: +1 per finished session, a failed one
-included, as its weights changed too) and releases the held requests. `update_weights(named)` is
+finalises the pending layers, processes a tied head again (`_refresh_tied_head`), resets the
+runner's LoRA/encoder/multimodal state and the prefix cache, counts the new weights version
+(`weights_version`: +1 per finished session, a failed one included, as its weights changed
+too) and releases the held requests. `update_weights(named)` is
 one session streamed in `weight_bucket_bytes` buckets cast lazily to the engine's dtype. The
 `_reload_*` functions run on vLLM's workers through `collective_rpc`.
 """
@@ -31,6 +32,7 @@ class StreamingUpdates:
     _weight_dtype: Any
     _updating: bool
     _sleep_level: int | None
+    _weights_dropped: bool
     _held: list[Any]
 
     async def _call(self, fn: Callable[[], Any], *, drain: bool = True) -> Any:
@@ -114,6 +116,7 @@ class StreamingUpdates:
             self._engine.reset_prefix_cache()
         finally:
             self._updating = False
+            self._weights_dropped = False
             self.weights_version += 1
             if self._sleep_level is None:
                 held, self._held = self._held, []
@@ -144,6 +147,25 @@ def _reload_finish(worker: Any) -> None:
     runner = worker.model_runner
     with set_current_vllm_config(worker.vllm_config):
         finalize_layerwise_reload(runner.get_model(), worker.vllm_config.model_config)
+        _refresh_tied_head(runner.get_model())
     runner.reset_lora_state()
     runner.reset_encoder_cache()
     runner.reset_mm_cache()
+
+
+def _refresh_tied_head(model: Any) -> None:
+    """A tied head (`lm_head.weight is model.embed_tokens.weight`, vLLM's `tie_weights`) shares
+    the embedding's storage, which the reload has refreshed in place; but the head's own
+    post-load processing runs again only if the push named `lm_head.weight`, and on CPU that
+    processing is the head's GEMM dispatch (`dispatch_cpu_unquantized_gemm`), which keeps a
+    oneDNN handle or a packed copy of the old weight. Run it again, so the head computes with
+    what was pushed, whether or not the push named it (on CUDA/ROCm an unquantized head reads
+    its weight directly and this does nothing)."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or weight is not getattr(embed, "weight", None):
+        return
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)

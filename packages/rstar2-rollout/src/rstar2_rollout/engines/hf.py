@@ -5,13 +5,21 @@ updates), so the event loop stays free while it computes. It is slow next to vLL
 paged KV cache (`kv_capacity()` is None), but it is the reference other engines are tested
 against: greedy output of vLLM after a weight sync must equal this engine's on the same weights.
 
-Logprobs are log_softmax(logits / temperature) of the raw logits (the raw logits' own at
-temperature 0): the tempered distribution the trainer scores, as the vLLM engine reports them.
-Unlike vLLM's they are not renormalised over the top-p nucleus.
+It samples exactly what `SamplingParams` says: temperature and top_p, and no top_k (transformers
+otherwise applies its default top_k of 50, or a checkpoint's `generation_config` choices such as
+Qwen3's top_k 20 and top_p 0.95; the engine clears the model's sampling defaults when it is
+built and passes top_k 0). Logprobs are of the distribution each token was drawn from:
+log_softmax of the scores `generate` sampled from (the logits after every processor and warper),
+i.e. log_softmax(logits / temperature) with top_p 1, renormalised over the nucleus with top_p < 1
+as vLLM's are, and the raw logits' own at temperature 0. This is what the trainer scores when
+top_p is 1.
 `weights_version` counts the weight updates loaded (each `Generation` carries the one it ran on).
+LoRA (the `AdapterEngine` capability): `load_adapter` wraps the model with PEFT the first time
+(the adapter's own config) and loads each version's tensors into it (PEFT's
+`set_peft_model_state_dict`); any rank, in the model's dtype, under the same lock as requests.
 A request's `seed` seeds torch's global generator under the lock, so seeded sampling is
 reproducible. Needs the `hf` extra (torch, transformers).
-Not covered: batching concurrent requests together.
+Not covered: batching concurrent requests together; top_k (`SamplingParams` has none).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 from rstar2_rollout.config import HFEngineConfig
 from rstar2_rollout.engine import Generation, KVCapacity, SamplingParams
 
+MAX_LORA_RANK = 512  # PEFT takes any rank; the largest vLLM takes, so both engines agree
 _EXTRA_HINT = 'the transformers engine needs the hf extra: pip install "rstar2-rollout[hf]"'
 
 
@@ -33,6 +42,7 @@ class HFEngine:
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "hf-0") -> None:
         self.name = name
         self.model = model.eval()
+        self.model.generation_config = _plain_generation_config(model.generation_config)
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
         self.weights_version = 0  # weight updates loaded since the engine started
@@ -79,10 +89,12 @@ class HFEngine:
             "eos_token_id": stop_ids,
             "pad_token_id": self.model.generation_config.pad_token_id or stop_ids[0],
             "return_dict_in_generate": True,
-            "output_logits": True,
+            "output_scores": True,
         }
         if params.temperature > 0:
-            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+            kwargs.update(
+                do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0
+            )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if params.stop:
@@ -95,10 +107,8 @@ class HFEngine:
         new = out.sequences[0, len(prompt_ids) :]  # [N]
         logprobs: list[float] = []
         if params.logprobs and len(new):
-            logits = torch.stack(out.logits)[:, 0, :].float()  # [N, V]
-            if params.temperature > 0:
-                logits = logits / params.temperature
-            picked = torch.log_softmax(logits, dim=-1).gather(1, new[:, None])  # [N, 1]
+            scores = torch.stack(out.scores)[:, 0, :].float()  # [N, V], what was sampled from
+            picked = torch.log_softmax(scores, dim=-1).gather(1, new[:, None])  # [N, 1]
             logprobs = picked[:, 0].tolist()
         token_ids = new.tolist()
         stopped = bool(token_ids) and token_ids[-1] in stop_ids
@@ -124,8 +134,46 @@ class HFEngine:
             finally:
                 self.weights_version += 1  # a failed update changed weights too
 
+    @property
+    def adapter_dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_lora_rank(self) -> int | None:
+        return MAX_LORA_RANK
+
+    async def load_adapter(self, adapter: Any) -> None:
+        """The LoRA adapter (`adapter.Adapter`) into the model through PEFT (module docstring)."""
+        await asyncio.to_thread(self._load_adapter, adapter)
+
+    def _load_adapter(self, adapter: Any) -> None:
+        import torch
+        from peft import PeftConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+
+        with self._lock, torch.no_grad():
+            try:
+                if not isinstance(self.model, PeftModel):
+                    settings = {k: v for k, v in adapter.config.items() if k != "peft_version"}
+                    config = PeftConfig.from_peft_type(**settings)
+                    self.model = get_peft_model(self.model, config).eval()  # type: ignore[arg-type]
+                dtype = self.adapter_dtype
+                state = {n: t.to(self.model.device, dtype) for n, t in adapter.tensors}
+                result = set_peft_model_state_dict(self.model, state)
+                if getattr(result, "unexpected_keys", None):
+                    raise KeyError(f"{self.name}: the adapter names {result.unexpected_keys[:3]}")
+            finally:
+                self.weights_version += 1  # a failed load changed weights too
+
     async def close(self) -> None:
         self._closed = True
+
+
+def _plain_generation_config(config: Any) -> Any:
+    """The model's generation config with its token ids only: no sampling defaults."""
+    from transformers import GenerationConfig
+
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    return GenerationConfig(**{k: getattr(config, k, None) for k in keep})
 
 
 def _as_list(token_id: int | list[int] | None) -> list[int]:

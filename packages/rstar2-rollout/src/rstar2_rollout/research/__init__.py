@@ -1,9 +1,13 @@
 """Research code of rstar2-rollout: the scheduling policies that lost, and the simulator.
 
 Nothing on the main surface imports this package: `import rstar2_rollout` loads neither the
-simulator nor these policies. `scheduler.make_admission` imports `policies` when a
-`SchedulerConfig` names a research policy (every kind stays in the config union, so recipes,
-`rstar2-rollout serve --policy` and the benches accept them all). What is here:
+simulator nor these policies, and the product's `SchedulerConfig` offers neither (recipes,
+`rstar2-train --help-config` and `rstar2-rollout serve --policy` see least_requests and
+kv_aware). A research policy is configured with `config.ResearchSchedulerConfig` (a
+`SchedulerConfig` whose union also holds this package's policies); `scheduler.make_admission`
+imports `policies` when such a config names one. What is here:
+
+- `config`: the research policies' config classes and `ResearchSchedulerConfig`;
 
 - `kvprogress`, `kvgate`, `kvbound`: kv_progress, the paper's no-preemption promise kept turn by
   turn on the exact worst case;
@@ -12,7 +16,7 @@ simulator nor these policies. `scheduler.make_admission` imports `policies` when
 - `simengine`, `simulate`: a model of vLLM V1's scheduler on a virtual clock, and one simulated
   RL step of agentic rollouts through the real `Scheduler` (used by bench/rollout_sched.py and
   bench/calibrate_engine.py);
-- `asyncsim`: several RL steps on that simulator with a trainer beside the engines: today's
+- `asyncsim`: several RL steps on that simulator with a trainer beside the engines: the
   synchronous steps against bounded-staleness asynchronous ones with partial rollouts (used by
   bench/rollout_async.py).
 

@@ -3,7 +3,8 @@
 `run_steps(scenario, config, train, AsyncConfig(...), seed)` plays `steps` RL steps of
 `scenario` (`simulate.Scenario`: engines, prompts, 2G samples per prompt, lengths) through the
 real `Scheduler` over `SimEngine`s on one virtual clock, with a trainer beside them (split
-placement: the trainer has its own GPUs, the engines theirs). `run_sync` is today's step.
+placement: the trainer has its own GPUs, the engines theirs). `run_sync` is the synchronous step. It
+is a model for choosing settings, not the trainer's pool (`pool.py`, which drops no group).
 
 - **Groups.** A prompt's 2G samples are one group; groups are drawn lazily, `prompts` per
   chunk, chunk c from a seed derived from (run seed, c), so both modes roll out the same

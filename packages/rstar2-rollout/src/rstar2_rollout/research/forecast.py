@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rstar2_rollout.admission import Admission, Entry, Pool, Slot
-from rstar2_rollout.config import ForecastPolicy
 from rstar2_rollout.engine import Generation, ProgressEngine
+from rstar2_rollout.research.config import ForecastPolicy
 
 
 @dataclass(eq=False)

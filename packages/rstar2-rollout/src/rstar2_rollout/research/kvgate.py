@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import cast
 
-from rstar2_rollout.config import KVProgressPolicy
 from rstar2_rollout.engine import Engine, EngineProgress, ProgressEngine
+from rstar2_rollout.research.config import KVProgressPolicy
 from rstar2_rollout.research.kvbound import peak_kv_tokens
 
 

@@ -13,9 +13,9 @@ import asyncio
 from typing import Literal
 
 from rstar2_rollout.admission import Admission, Entry, Pool, Slot
-from rstar2_rollout.config import KVProgressPolicy
 from rstar2_rollout.engine import Generation
 from rstar2_rollout.job import EngineDeadError
+from rstar2_rollout.research.config import KVProgressPolicy
 from rstar2_rollout.research.kvgate import TurnGate, WaitingTurn
 
 

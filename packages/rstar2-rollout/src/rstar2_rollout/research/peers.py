@@ -23,7 +23,7 @@ import random
 from typing import Any, Literal
 
 from rstar2_rollout.admission import Admission, Entry, Pool, Slot
-from rstar2_rollout.config import (
+from rstar2_rollout.research.config import (
     CacheAwarePolicy,
     LeastTokensPolicy,
     PowerOfTwoPolicy,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from rstar2_rollout.admission import Admission, Pool
-from rstar2_rollout.config import (
+from rstar2_rollout.research.config import (
     CacheAwarePolicy,
     ForecastPolicy,
     KVProgressPolicy,
