@@ -1,4 +1,5 @@
-"""Training packs its rows: the same loss and gradients as padded rows, and no pack-sized mask.
+"""Training packs its rows: the same loss and gradients as padded rows, and no pack-sized mask
+(one of the GPU rules' topic files: test_gpu_rules.py lists them).
 
 A packed micro-batch is one sequence of the rows concatenated, each row attending only to
 itself; padded rows are the reference path (`packed=False`). On the tiny recipe's model shape
