@@ -214,9 +214,9 @@ def tiny_engine_setup(kv_tokens: int) -> tuple[Path, int, Any]:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
+    from rstar2_trainer.config.cluster import ClusterConfig
     from rstar2_trainer.placement import cluster as cluster_mode
     from rstar2_trainer.placement import engine_actor as actor_module
-    from rstar2_trainer.placement.config import ClusterConfig
 
     folder, vocab, config = tiny_engine_setup(args.kv_tokens)
     cluster = ClusterConfig(num_cpus=args.engines, engines_per_node=args.engines)

@@ -206,8 +206,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from safetensors.torch import load_file
 
+    from rstar2_trainer.config.cluster import ClusterConfig
     from rstar2_trainer.placement import cluster as cluster_mode
-    from rstar2_trainer.placement.config import ClusterConfig
 
     folder, vocab, base = tiny_engine_setup(args.kv_tokens)
     weights = sorted(load_file(folder / "model.safetensors").items())

@@ -1,12 +1,12 @@
-"""The dependency graph is part of the design (STYLE.md): pin it.
+"""The dependency graph is part of the design (ARCHITECTURE.md): pin it.
 
 Three checks: every workspace edge a member's pyproject declares is in the agreed list; every
 first-party module a member's source imports is one it declares; and the members that have no
-tensors install no torch, read from the lock's transitive closure. Inside the trainer, two more:
-its training backends (`rstar2_trainer.training`) import nothing from its placement (where the
-weights go is the placement's weight mover, which imports training, never the other way), and
-no trainer module imports itself through others (an import anywhere in a file counts, inside
-functions too).
+tensors install no torch, read from the lock's transitive closure. Inside the trainer, its
+layers (cli -> train -> placement -> training -> rundir -> config) are imported downwards only:
+training and the run directory import nothing from the placement (where the weights go is the
+placement's weight mover, which imports training, never the other way), and no trainer module
+imports itself through others (an import anywhere in a file counts, inside functions too).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MEMBERS = {
     for m in ROOT["tool"]["uv"]["workspace"]["members"]
 }
 
-# The agreed edges (STYLE.md), by distribution name. rstar2-config (pydantic and pyyaml) depends on
+# The agreed edges (ARCHITECTURE.md), by distribution name. rstar2-config (pydantic and pyyaml) depends on
 # no sibling; the apps and `rstar2-rollout serve` read their configs with it. The evaluator starts a sandbox server for
 # the tool, so it may name rstar2-sandbox as well (ARCHITECTURE.md says why). The curriculum's
 # label check (`verify-labels`) samples with the rollout package's engines and agent loop (on a
@@ -110,7 +110,7 @@ def test_the_workspace_lists_every_member_explicitly():
 @pytest.mark.parametrize("member", sorted(ALLOWED))
 def test_declared_edges_are_agreed(member):
     extra = declared(member) - ALLOWED[member]
-    assert not extra, f"{member} declares {sorted(extra)}, not an agreed edge (STYLE.md)"
+    assert not extra, f"{member} declares {sorted(extra)}, not an agreed edge (ARCHITECTURE.md)"
 
 
 @pytest.mark.parametrize("member", sorted(OPTIONAL_ONLY))
@@ -188,14 +188,43 @@ def trainer_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_training_imports_nothing_from_placement():
+# The trainer's layers, lowest first: a module imports only from its own layer or those below
+# (cli -> train -> placement -> training -> rundir -> config). A module not named here sits in
+# the top layer, with the app's entry points, unless it imports no rstar2_trainer module at all
+# (a leaf such as `meter` or `stats`, usable from any layer).
+LAYERS = ("config", "rundir", "training", "placement")
+LOWEST = {"asyncsteps": "config"}  # a leaf the config composes
+
+
+def _layer(module: str, graph: dict[str, set[str]]) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    part = LOWEST.get(part, part)
+    if part in LAYERS:
+        return LAYERS.index(part)
+    return -1 if not graph[module] else len(LAYERS)  # a leaf, or the top
+
+
+def test_trainer_arrows_point_down_its_layers():
     graph = trainer_graph()
-    found = {
-        module: sorted(t for t in targets if t.startswith("rstar2_trainer.placement"))
+    upward = sorted(
+        f"{module} -> {target}"
         for module, targets in graph.items()
-        if module.startswith("rstar2_trainer.training")
-    }
-    assert not {m: t for m, t in found.items() if t}, found
+        for target in targets
+        if _layer(target, graph) > _layer(module, graph) and _layer(module, graph) >= 0
+    )
+    assert not upward, upward
+
+
+def test_rundir_and_training_import_nothing_from_placement():
+    graph = trainer_graph()
+    found = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if module.startswith(("rstar2_trainer.training", "rstar2_trainer.rundir"))
+        and target.startswith("rstar2_trainer.placement")
+    )
+    assert not found, found
 
 
 def test_no_trainer_module_imports_itself_through_others():

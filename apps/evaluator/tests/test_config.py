@@ -136,7 +136,9 @@ def test_the_engine_is_rstar2_rollouts_engine_config_and_auto_stays_auto():
 
     default = load_config("paper", BASE)
     assert default.model.engine is None  # type: ignore[union-attr]
-    assert default.model_dump(mode="json")["model"]["engine"] == "auto"  # as before: resumes match
+    assert (
+        default.model_dump(mode="json")["model"]["engine"] == "auto"
+    )  # by name: older run folders resume
     assert load_config("paper", BASE, ["model.engine=auto"]) == default
     old_name = load_config("paper", BASE, ["model.engine=transformers"]).model
     new_name = load_config("paper", BASE, ["model.engine=hf"]).model

@@ -8,10 +8,10 @@ from safetensors.torch import load_file
 
 from rstar2_trainer.cli import main
 from rstar2_trainer.config import ConfigError, load_config
+from rstar2_trainer.export import export_checkpoint
 from rstar2_trainer.placement.local import prepare_model_dir
 from rstar2_trainer.rundir import write_config
 from rstar2_trainer.rundir.checkpoint import save_checkpoint
-from rstar2_trainer.rundir.export import export_checkpoint
 
 MODEL = ["model.layers=1", "model.hidden_size=64", "model.vocab_size=512", "model.heads=2"]
 
@@ -64,7 +64,7 @@ def test_the_cli_prints_the_folder_and_the_eval_command(run_dir, tmp_path, capsy
     [
         (["--export", "{run}", "--step", "3"], "keeps no checkpoint of step 3 (kept: [0, 5]"),
         (["--export", "{tmp}"], "is not a run directory"),
-        (["--step", "3"], "--step and --to go with --export"),
+        (["--step", "3"], "--step, --to and --merged go with --export"),
         (["--export", "{run}", "--resume", "{run}"], "--export takes only a run directory"),
         (["--export", "{run}", "--to", "{tmp}/no/such/p"], "is not a writable folder"),
     ],
@@ -121,8 +121,8 @@ def test_an_fsdp2_checkpoint_exports_to_a_folder_transformers_loads(run_dir, tmp
 
     # A new run from that FSDP2 step (`--init-from RUN_DIR:1`) starts from the trained weights:
     # the trainer resolves the origin and loads its weights exactly so.
-    from rstar2_trainer.rundir.export import load_weights
-    from rstar2_trainer.rundir.origin import origin_checkpoint
+    from rstar2_trainer.origin import origin_checkpoint
+    from rstar2_trainer.rundir.kept import load_weights
 
     new = load_config("tiny", [*MODEL, f"init.run={run_dir}", "init.step=1"])
     origin = origin_checkpoint(new)

@@ -22,7 +22,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from rstar2_algos import GrpoRocConfig
-from rstar2_trainer.sft import sft_loss
 from rstar2_trainer.training.batching import (
     longest_first_chunks,
     pack_batch,
@@ -39,6 +38,7 @@ from rstar2_trainer.training.distributed import (
     shard_model,
     train_step,
 )
+from rstar2_trainer.training.sft import sft_loss
 from rstar2_trainer.training.update import WorkerPolicyLoss
 
 TOL = 1e-5

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rstar2_trainer.config import load_config
-from rstar2_trainer.placement.config import ClusterConfig
+from rstar2_trainer.config.cluster import ClusterConfig
 from rstar2_trainer.placement.devices import local_device_index, rank_bundles
 from rstar2_trainer.placement.engines import EngineError, Engines
 from rstar2_trainer.placement.weights import TensorMover

@@ -18,7 +18,6 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from rstar2_algos import GrpoRocConfig
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import ConfigError, load_config
-from rstar2_trainer.sft import train_sft
 from rstar2_trainer.training.distributed import train_step
 from rstar2_trainer.training.precision import (
     FP32_CPU,
@@ -26,6 +25,7 @@ from rstar2_trainer.training.precision import (
     distributed_config,
     resolve_device,
 )
+from rstar2_trainer.training.sft import train_sft
 from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
 
 BF16_CPU = Precision(torch.device("cpu"), torch.bfloat16)

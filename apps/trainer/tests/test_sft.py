@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rstar2_rollout.tiny import build_tiny_model
-from rstar2_trainer.sft import cosine_with_warmup, sft_batches, sft_rows, train_sft
+from rstar2_trainer.training.sft import cosine_with_warmup, sft_batches, sft_rows, train_sft
 
 
 def _examples() -> list[tuple[list[int], list[int]]]:

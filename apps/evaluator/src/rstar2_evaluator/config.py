@@ -81,7 +81,7 @@ class LocalModel(_Frozen):
     @field_serializer("engine")
     def _engine_as_written(self, engine: Any, info: SerializationInfo) -> Any:
         # What was set, not the defaults, so a run's identity does not move with rstar2-rollout's
-        # defaults; a kind alone is written by name, as before (auto, vllm, hf).
+        # defaults; a kind alone is written by name (auto, vllm, hf), so older run folders resume.
         if engine is None:
             return "auto"
         written = engine.model_dump(mode=info.mode, exclude_unset=True)
@@ -236,7 +236,13 @@ class EvalConfig(SamplingProtocol):
         default=None, gt=0, description="Truncate tool output in the middle to this many chars."
     )
     tool_timeout_s: float | None = Field(
-        default=None, gt=0, description="Wall limit of one tool call; None: the sandbox's default."
+        default=None,
+        gt=0,
+        description=(
+            "Time limit of one tool call: the CPU time the call itself uses (a busy machine does "
+            "not count against it), under a wall-clock ceiling of the sandbox's `wall_ceiling_factor` "
+            "times it; None: the sandbox's default."
+        ),
     )
     use_tool: bool = Field(
         default=True,

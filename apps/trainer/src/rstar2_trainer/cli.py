@@ -2,7 +2,7 @@
 `rstar2-train --export RUN_DIR [--step N] [--to OUT]` (a checkpoint as a policy folder),
 `rstar2-train --help-config [SECTION]` (every config key with its type, default and description),
 and `rstar2-train [RECIPE] [a.b=value ...] --init-from RUN_DIR[:STEP] [--init-include WHAT]`
-(a new run from another run's checkpoint, rundir/origin.py). Overrides may come before or after
+(a new run from another run's checkpoint, origin.py). Overrides may come before or after
 options.
 
 A user mistake (an unknown recipe, a wrong key or value, a run directory that is not a run, data
@@ -34,10 +34,10 @@ from rstar2_trainer.config import (
     recipes,
     validate_config,
 )
+from rstar2_trainer.origin import parse_init_from, resolve_origin
 from rstar2_trainer.placement.servers import ServerError
 from rstar2_trainer.preempt import Preempted
 from rstar2_trainer.rundir import new_run_dir, write_config
-from rstar2_trainer.rundir.origin import parse_init_from, resolve_origin
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rstar2_trainer.rundir.export import export_checkpoint
+    from rstar2_trainer.export import export_checkpoint
 
     run_dir = Path(args.export)
     to = Path(args.to) if args.to else None

@@ -50,7 +50,7 @@ the engines and the pool around the update (`turns_during_train`, `tokens_during
 the update began counts): a driver policy trains on a worker thread then (policy.py), training
 ranks are awaited.
 
-A run with `init` (`--init-from`, rundir/origin.py) starts from another run's checkpoint
+A run with `init` (`--init-from`, origin.py) starts from another run's checkpoint
 instead: no SFT, the checkpoint's weights (optionally its optimizer and curriculum state),
 evaluated as `init`, checkpoint 0, then RL.
 
@@ -96,12 +96,12 @@ from rstar2_trainer.data import RunData, load_run_data
 from rstar2_trainer.evaluate import held_out_problems, measure_accuracy
 from rstar2_trainer.faults import Control, plan_restart
 from rstar2_trainer.hard import hard_subset_pass
+from rstar2_trainer.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
 from rstar2_trainer.preempt import Preempted, Preemption
 from rstar2_trainer.rundir import report
 from rstar2_trainer.rundir.checkpoint import GoodCheckpoint, load_checkpoint, newest_good
-from rstar2_trainer.rundir.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
 from rstar2_trainer.sampling import rollout_config_for
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
@@ -336,7 +336,7 @@ async def start(run: Run, traces: list) -> None:
 
 
 async def start_from_origin(run: Run) -> None:
-    """A run with `init` (rundir/origin.py): no SFT; the origin checkpoint's weights (and
+    """A run with `init` (origin.py): no SFT; the origin checkpoint's weights (and
     optimizer and curriculum state when included) into the policy, read from the checkpoint's
     files where the policy lives, pushed to the engines, evaluated, checkpoint 0."""
     config = run.config

@@ -171,7 +171,13 @@ class RolloutConfig(_Frozen):
         default=None, gt=0, description="Truncate tool output in the middle to this many chars."
     )
     tool_timeout_s: float | None = Field(
-        default=None, gt=0, description="Wall limit of one tool call; None: the sandbox's default."
+        default=None,
+        gt=0,
+        description=(
+            "Time limit of one tool call: the CPU time the call itself uses (a busy machine does "
+            "not count against it), under a wall-clock ceiling of the sandbox's `wall_ceiling_factor` "
+            "times it; None: the sandbox's default."
+        ),
     )
     max_concurrency: int = Field(
         default=512, gt=0, description="Trajectories in flight at once on one engine."

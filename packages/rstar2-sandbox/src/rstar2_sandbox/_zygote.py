@@ -323,7 +323,7 @@ def collapse_warm_image() -> int:
 
     Each fork copies the page tables of the anonymous memory and each call's exit tears its copy
     down: with 4 KiB pages that is one entry per page of the ~80 MiB image, with huge pages one
-    per 2 MiB. A call that writes to a huge page gets a 4 KiB copy of what it wrote, as before.
+    per 2 MiB. A call that writes to a huge page gets a 4 KiB copy of what it wrote, as with small pages.
     Best effort: nothing is collapsed where the kernel has no MADV_COLLAPSE or THP is off.
     """
     collapsed = 0

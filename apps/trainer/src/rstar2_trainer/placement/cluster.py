@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_trainer.config import TrainerConfig
+from rstar2_trainer.config.cluster import ClusterConfig, ClusterError
 from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.channel import ChannelMover
 from rstar2_trainer.placement.colocated import start_colocated
-from rstar2_trainer.placement.config import ClusterConfig, ClusterError
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
 from rstar2_trainer.placement.ranks import start_train_group

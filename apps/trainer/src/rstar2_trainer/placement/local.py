@@ -124,7 +124,7 @@ def prepare_model_dir(config: TrainerConfig, run_dir: Path, corpus: Sequence[str
     prompt, questions, SFT traces), so the long system prompt costs few tokens.
     """
     if config.init is not None and getattr(config.model, "lora", None) is not None:
-        return run_dir / "base"  # a LoRA run from a checkpoint: its weights (rundir/origin.py)
+        return run_dir / "base"  # a LoRA run from a checkpoint: its weights (origin.py)
     if isinstance(config.model, PretrainedModelConfig):
         return Path(config.model.path)
     out = run_dir / "model"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.placement.config import ClusterError
+from rstar2_trainer.config.cluster import ClusterError
 from rstar2_trainer.placement.devices import (
     actor_device_index,
     placement_group_strategy,

@@ -33,7 +33,7 @@ from typing import Any
 
 from rstar2_rollout import RolloutClient, RolloutError, RolloutResult, RolloutSampling, RolloutTask
 from rstar2_rollout.weights import to_safetensors
-from rstar2_trainer.placement.config import RemoteRolloutConfig
+from rstar2_trainer.config.cluster import RemoteRolloutConfig
 from rstar2_trainer.placement.servers import ServerError, read_service_token
 
 

@@ -31,7 +31,7 @@ adapter (an `rstar2_rollout.Adapter`, `model.lora.sync: adapter`) or the merged 
 (`merged`); checkpoints hold the adapters and their optimizer state (the base is the model
 folder); the policy folder is a PEFT adapter folder (`save_adapter_policy`). `load_weights`
 (`--init-from`) leaves a LoRA policy alone: the origin's weights are its base folder already
-(rundir/origin.py), and its adapters start afresh.
+(origin.py), and its adapters start afresh.
 
 An update is PPO-style: the kept batch is cut into `optim.mini_batches` contiguous mini-batches
 and passed over `optim.epochs` times, one optimizer step per mini-batch. With more than one step
@@ -70,10 +70,10 @@ from rstar2_trainer.rundir.checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from rstar2_trainer.sft import Example, OnStep, SFTResult, driver_sft_step, sft_loop
 from rstar2_trainer.training import lora
 from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, with_values
 from rstar2_trainer.training.precision import Precision
+from rstar2_trainer.training.sft import Example, OnStep, SFTResult, driver_sft_step, sft_loop
 from rstar2_trainer.training.update import (
     WorkerPolicyLoss,
     make_optimizer,
@@ -194,7 +194,7 @@ class DriverPolicy:
         return lora.as_adapter(self.model, torch.float32, self.model_dir)
 
     async def load_weights(self, checkpoint: Path) -> None:
-        from rstar2_trainer.rundir.export import load_weights
+        from rstar2_trainer.rundir.kept import load_weights
 
         if self.lora is None:  # a LoRA policy's base is the origin's weights (module docstring)
             load_weights(checkpoint, self.model)

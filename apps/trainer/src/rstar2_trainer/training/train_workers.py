@@ -56,9 +56,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rstar2_trainer.sft import sft_loss as sft_loss  # the loss SFT steps send to the ranks
 from rstar2_trainer.training.distributed import DistributedConfig, Row, StepResult, TokenLoss
 from rstar2_trainer.training.offload import PARTS, Part, Residency
+from rstar2_trainer.training.sft import sft_loss as sft_loss  # the loss SFT steps send to the ranks
 
 CLOSE_TIMEOUT_S = 10.0  # a rank stuck in a collective with a lost peer is killed after this
 

@@ -35,7 +35,7 @@ the engines load it themselves, and nothing travels until the first push.
 A LoRA policy (`model.lora`) lives on the ranks the same way (`lora.load_sharded_lora_model`);
 its checkpoints hold the adapters and their optimizer state (the sharded checkpoint skips frozen
 parameters), `export` writes the PEFT adapter folder from rank 0's gathered adapter, and
-`load_weights` leaves it alone (its base is the origin's weights already, rundir/origin.py).
+`load_weights` leaves it alone (its base is the origin's weights already, origin.py).
 
 Not covered: a batch with fewer kept trajectories than ranks (an error that says what to
 change).
@@ -53,22 +53,28 @@ import torch
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
 from rstar2_trainer.rundir.checkpoint import (
+    WORKERS_DIR,
     Checkpoint,
     save_adapter_policy,
     save_checkpoint,
     write_policy,
 )
-from rstar2_trainer.sft import MAX_GRAD_NORM, Example, OnStep, SFTResult, sft_loop, sft_loss
 from rstar2_trainer.training.distributed import (
     DistributedConfig,
     Row,
     StepResult,
     longest_first_chunks,
 )
+from rstar2_trainer.training.sft import (
+    MAX_GRAD_NORM,
+    Example,
+    OnStep,
+    SFTResult,
+    sft_loop,
+    sft_loss,
+)
 from rstar2_trainer.training.train_workers import TrainGroup
 from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
-
-WORKERS_DIR = "workers"  # the ranks' sharded checkpoints, under the run's checkpoints/
 
 
 class WorkerPolicy:

@@ -26,8 +26,8 @@ from typing import Any
 
 from rstar2_trainer.config import ConfigError, InitConfig, PretrainedModelConfig, TrainerConfig
 from rstar2_trainer.data import RunData
-from rstar2_trainer.rundir.export import check_weights, find_checkpoint, model_dir_of, read_run
-from rstar2_trainer.training.worker_policy import WORKERS_DIR
+from rstar2_trainer.rundir.checkpoint import WORKERS_DIR
+from rstar2_trainer.rundir.kept import check_weights, find_checkpoint, model_dir_of, read_run
 
 # config.json keys that fix the shapes of the weights
 _ARCHITECTURE = (
@@ -139,7 +139,7 @@ def copy_model_dir(config: TrainerConfig, run_dir: Path) -> None:
         return
     lora_run = getattr(config.model, "lora", None) is not None
     if lora_run and not (run_dir / "base" / "config.json").exists():
-        from rstar2_trainer.rundir.export import export_checkpoint
+        from rstar2_trainer.export import export_checkpoint
 
         lora_origin = getattr(read_run(init.run).model, "lora", None) is not None
         export_checkpoint(init.run, init.step, run_dir / "base", merged=lora_origin)
