@@ -6,7 +6,7 @@ engine's generate, weight sync and sleep/wake, timed on one GPU; prints one tabl
 
 The built model has Qwen's 151,936-token vocabulary and the batch 4,096-token sequences, so the
 loss's logit memory is what a real run sees. Phases (each timed after one warm-up):
-1. policy   `distributed.train_step` with the GRPO-RoC loss (`update.WorkerPolicyLoss`, entropy on
+1. policy   `distributed.train_step` with the GRPO-RoC loss (`update.RLTokenLoss`, entropy on
             as the trainer computes it), bf16 autocast, fp32 master weights and AdamW state;
             tokens/s and peak memory.
 2. fsdp     `distributed.train_step` in a `torchrun --nproc-per-node 1` child (nccl, FSDP2 with
@@ -100,7 +100,7 @@ def policy_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from rstar2_rollout.trajectory import Trajectory
     from rstar2_trainer.training.distributed import train_step
     from rstar2_trainer.training.precision import Precision
-    from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+    from rstar2_trainer.training.update import RLTokenLoss, make_optimizer, policy_rows
 
     precision = Precision(torch.device("cuda", 0), torch.bfloat16)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -118,7 +118,7 @@ def policy_phase(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     ]
     advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(len(kept))])  # [K]
     optimizer = make_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
     rows = policy_rows(kept, advantages)
     torch.cuda.reset_peak_memory_stats()
     times = []
@@ -304,7 +304,7 @@ def rl_step(policy: Any, vocab: int) -> None:
     from rstar2_rollout.trajectory import Trajectory
     from rstar2_trainer.training.distributed import train_step
     from rstar2_trainer.training.precision import Precision
-    from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+    from rstar2_trainer.training.update import RLTokenLoss, make_optimizer, policy_rows
 
     kept = [
         Trajectory(f"p{i // 2}", i % 2, p, r, [1] * len(r))
@@ -312,7 +312,7 @@ def rl_step(policy: Any, vocab: int) -> None:
     ]
     advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(len(kept))])  # [K]
     optimizer = make_optimizer(policy, lr=1e-4, betas=(0.9, 0.999), weight_decay=0.0)
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
     precision = Precision(torch.device("cuda", 0), torch.bfloat16)
     with precision.autocast():
         train_step(

@@ -30,14 +30,18 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rstar2_trainer.training.batching import Batch, make_batch, response_logprobs
+from rstar2_trainer.training.batching import TokenBatch, make_batch, response_logprobs
 from rstar2_trainer.training.head_logprobs import CHUNK_TOKENS
 
 BOUND_PER_VOCAB = 2.0  # the issue's bound: saved bytes per loss token <= 2 x V
 
 
 def reference_logprobs(
-    model: torch.nn.Module, batch: Batch, *, with_entropy: bool = True, temperature: float = 1.0
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    with_entropy: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, T], [B, T]
     """The formula `response_logprobs` used before the chunked head."""
     b, t = batch.response_ids.shape
@@ -80,7 +84,7 @@ def build_model(vocab: int, dtype: torch.dtype) -> Qwen3ForCausalLM:
     return model
 
 
-def build_batch(vocab: int, tokens: int, seed: int = 0) -> Batch:
+def build_batch(vocab: int, tokens: int, seed: int = 0) -> TokenBatch:
     """Rows of 8 prompt tokens and up to 512 response tokens, `tokens` loss tokens in all."""
     g = torch.Generator().manual_seed(seed)
     sizes = [512] * (tokens // 512) + ([tokens % 512] if tokens % 512 else [])
@@ -89,7 +93,7 @@ def build_batch(vocab: int, tokens: int, seed: int = 0) -> Batch:
     return make_batch(prompts, responses, [[1] * n for n in sizes], pad_id=0)
 
 
-def saved_bytes(model: torch.nn.Module, fn, batch: Batch, **kw) -> int:
+def saved_bytes(model: torch.nn.Module, fn, batch: TokenBatch, **kw) -> int:
     """Bytes autograd keeps for backward in `fn(model, batch, **kw)`: storages once, no params."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}

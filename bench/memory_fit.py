@@ -5,7 +5,7 @@
     python bench/memory_fit.py --gpu --skip-setups --only qwen3-14b-block-12k-packed --json OUT
 
 Validation: for each shape below a fresh process runs two real RL training steps
-(`distributed.train_step` with `update.WorkerPolicyLoss`, FSDP2 in a world of one, the chunked
+(`distributed.train_step` with `update.RLTokenLoss`, FSDP2 in a world of one, the chunked
 head logprobs, rows packed as the trainer packs them, or padded where a shape says so) and
 reports its measured peak (`memory_probe`: VmHWM of the second step minus
 the RSS before the model was built; on a GPU, `max_memory_allocated` of the second step minus

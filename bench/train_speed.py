@@ -6,7 +6,7 @@
 The step is the training ranks' own: a random Qwen3-4B-shaped model (36 blocks, width 2,560,
 32/8 heads, tied 151,936-token embeddings), FSDP2 in a world of one (`distributed.shard_model`:
 fp32 master weights, bf16 compute, activation checkpointing), AdamW, `distributed.train_step`
-with GRPO-RoC's loss (`update.WorkerPolicyLoss`, entropy on) in the 14B recipe's 32,768-token
+with GRPO-RoC's loss (`update.RLTokenLoss`, entropy on) in the 14B recipe's 32,768-token
 micro-batches. The rows are `--rows` draws of bench/capacity.py's stage-3 lengths (bench/padding.py
 `stage3_lengths`). Each layout runs one warm-up step and `--steps` timed ones:
 - tokens/s: the rows' own tokens (prompt + response) over the step's seconds, either layout;
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shard_model,
         train_step,
     )
-    from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer
+    from rstar2_trainer.training.update import RLTokenLoss, make_optimizer
 
     cuda = args.device == "cuda"
     shape = TINY if args.tiny else QWEN3_4B
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shard_model(model, config, world)
     params = sum(p.numel() for p in model.parameters())
     optimizer = make_optimizer(model, 1e-6, (0.9, 0.999), 0.01)
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
     rows = _rows(shape, args.rows, args.tiny, args.seed)
     tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows)
     peak = peak_flops(world.device)

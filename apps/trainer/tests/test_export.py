@@ -106,7 +106,7 @@ def test_an_fsdp2_checkpoint_exports_to_a_folder_transformers_loads(run_dir, tmp
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    save_checkpoint(checkpoints, 1, model=None, optimizer=None, state={})  # as WorkerPolicy.save
+    save_checkpoint(checkpoints, 1, model=None, optimizer=None, state={})  # as ShardedPolicy.save
 
     out = export_checkpoint(run_dir, 1)
     assert out == run_dir / "policy_step_000001"

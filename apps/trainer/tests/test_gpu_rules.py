@@ -122,7 +122,7 @@ def test_save_and_export_after_an_offloading_sync_find_the_state_on_its_device(
     from rstar2_trainer import train
     from rstar2_trainer.placement.local import Parts
     from rstar2_trainer.rundir.tracking import open_trackers
-    from rstar2_trainer.training.worker_policy import WorkerPolicy
+    from rstar2_trainer.training.sharded_policy import ShardedPolicy
 
     config = load_config("tiny", COLOCATED_CPU)
     log = open_trackers(tmp_path, config.run, {}, resume=None)
@@ -132,7 +132,7 @@ def test_save_and_export_after_an_offloading_sync_find_the_state_on_its_device(
     with one_rank(model_dir) as worker:
         group = TrainGroup.in_process(worker)
         mover = ColocatedMover(Engines([]), group, offload=True, bucket_bytes=1 << 20)
-        policy = WorkerPolicy(group, config, model_dir, pad_id=0)
+        policy = ShardedPolicy(group, config, model_dir, pad_id=0)
         parts = Parts(model_dir, None, tokenizer, Engines([]), None, None, None, mover)  # type: ignore[arg-type]
         run = train.Run(config, tmp_path, log, parts, policy, curriculum, [], {})
 
@@ -191,11 +191,11 @@ def test_the_optimizer_state_leaves_before_the_push_and_the_parameters_after(
 ) -> None:
     """A colocated rank with its (transformers) engine in this process: the push runs with the
     AdamW moments already in host memory and the parameters still on the device."""
-    from rstar2_trainer.placement.colocated import ColocatedGroup, ColocatedWorker
+    from rstar2_trainer.placement.colocated import ColocatedGroup, ColocatedTrainWorker
 
     config = load_config("tiny", [*COLOCATED_CPU, "engine={kind: hf}"])
     engine_config = config.engine_for(str(model_dir), replica=0)
-    with one_rank(model_dir, ColocatedWorker) as worker:
+    with one_rank(model_dir, ColocatedTrainWorker) as worker:
         worker.start_engine(engine_config, "hf-rank0", 1)
         try:
             group = ColocatedGroup.in_process(worker)

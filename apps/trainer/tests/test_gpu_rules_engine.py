@@ -332,7 +332,7 @@ def test_each_rank_and_its_engine_drive_the_gpu_ray_assigned(monkeypatch, enviro
     actor = _actor_env(monkeypatch, node, vendor, [assigned])
     rank = local_device_index([assigned], actor["env"], actor["variable"])
     assert _physical(rank, actor["env"], vendor) == 5  # the rank's torch device is GPU 5
-    engine = on_devices(VLLMEngineConfig(model="/m"), [rank])  # what ColocatedWorker passes
+    engine = on_devices(VLLMEngineConfig(model="/m"), [rank])  # what ColocatedTrainWorker passes
     assert _engine_devices(monkeypatch, engine, vendor) == [rank]
 
 

@@ -39,7 +39,7 @@ from rstar2_trainer.training.distributed import (
     train_step,
 )
 from rstar2_trainer.training.sft import sft_loss
-from rstar2_trainer.training.update import WorkerPolicyLoss
+from rstar2_trainer.training.update import RLTokenLoss
 
 TOL = 1e-5
 LR = 1024.0
@@ -114,9 +114,9 @@ def _assert_same_step(packed, padded) -> None:
 
 
 def test_packed_rl_step_equals_the_padded_step() -> None:
-    """GRPO-RoC's loss (`WorkerPolicyLoss`), entropy on, tempered, several micro-batches."""
+    """GRPO-RoC's loss (`RLTokenLoss`), entropy on, tempered, several micro-batches."""
     rows = rl_rows()
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
     kw = {
         "micro_batch_tokens": 256,
         "with_entropy": True,
@@ -158,7 +158,7 @@ def test_packed_fsdp2_step_with_checkpointing_equals_the_padded_step() -> None:
     config = DistributedConfig(device="cpu", activation_checkpointing=True)
     world = init_distributed(config)
     try:
-        loss = WorkerPolicyLoss(GrpoRocConfig())
+        loss = RLTokenLoss(GrpoRocConfig())
         kw = {"micro_batch_tokens": 256, "with_entropy": True, "normalize_by": "tokens"}
         packed = _step(
             shard_model(tiny_model(), config, world), rl_rows(3), loss, packed=True, **kw

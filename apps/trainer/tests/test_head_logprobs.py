@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rstar2_trainer.training.batching import Batch, make_batch, response_logprobs
+from rstar2_trainer.training.batching import TokenBatch, make_batch, response_logprobs
 from rstar2_trainer.training.distributed import MicroBatch, Row, train_step
 from rstar2_trainer.training.head_logprobs import head_logprobs
 
 
 def reference_logprobs(
-    model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0
+    model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, T], [B, T]
     b, t = batch.response_ids.shape
     offsets = batch.response_start[:, None] - 1 + torch.arange(t)[None, :]  # [B, T]
@@ -60,7 +60,7 @@ def _model(tied: bool = False) -> Qwen3ForCausalLM:
     return model
 
 
-def _batch() -> Batch:
+def _batch() -> TokenBatch:
     prompts = [[1, 2, 3], [4, 5], [7, 8, 9, 10]]
     responses = [[6, 7, 8, 9, 11, 12], [10, 11], [40, 50, 60, 70, 80]]
     masks = [[1, 0, 1, 1, 1, 1], [1, 1], [1, 1, 0, 0, 1]]

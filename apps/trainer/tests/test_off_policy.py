@@ -1,7 +1,7 @@
 """Off-policy correction in the trainer: the sampler's logprobs reach the loss and its metrics.
 
 - `policy_rows` carries each kept trajectory's behaviour logprobs (NaN on a row without);
-- `WorkerPolicyLoss` with `tis` / `mis` gives the loss, gradient and mismatch sums of a hand
+- `RLTokenLoss` with `tis` / `mis` gives the loss, gradient and mismatch sums of a hand
   computation; with `none` the loss and the step are bit-identical to rows without logprobs;
 - slow: `distributed.train_step` reports the mismatch as global token means and its largest
   ratio as the max over micro-batches, `merge_steps` the means over the measured tokens, and
@@ -25,7 +25,7 @@ from rstar2_trainer.cli import main
 from rstar2_trainer.config import load_config, recipes
 from rstar2_trainer.training.distributed import Row, make_micro_batch, train_step
 from rstar2_trainer.training.update import (
-    WorkerPolicyLoss,
+    RLTokenLoss,
     make_optimizer,
     merge_steps,
     policy_rows,
@@ -71,7 +71,7 @@ def _trainer_logp() -> torch.Tensor:
 
 def _call(algo, rows: list[Row]) -> tuple[torch.Tensor, dict, torch.Tensor]:
     logp = _trainer_logp()
-    loss, sums = WorkerPolicyLoss(algo)(logp, make_micro_batch(rows, 0, CPU))
+    loss, sums = RLTokenLoss(algo)(logp, make_micro_batch(rows, 0, CPU))
     loss.backward()
     assert logp.grad is not None
     return loss.detach(), sums, logp.grad
@@ -160,7 +160,7 @@ def test_train_step_reports_the_mismatch_and_none_changes_no_number(tmp_path):
 
     def step(algo, trajectories):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        loss = WorkerPolicyLoss(algo)
+        loss = RLTokenLoss(algo)
         return train_step(
             model,
             make_optimizer(model, 1e-3, (0.9, 0.999), 0.0),

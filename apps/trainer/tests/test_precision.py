@@ -26,7 +26,7 @@ from rstar2_trainer.training.precision import (
     resolve_device,
 )
 from rstar2_trainer.training.sft import train_sft
-from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.training.update import RLTokenLoss, make_optimizer, policy_rows
 
 BF16_CPU = Precision(torch.device("cpu"), torch.bfloat16)
 
@@ -68,7 +68,7 @@ def _trajectories() -> tuple[list[Trajectory], torch.Tensor]:
 def _step(model, precision: Precision):
     rows, advantages = _trajectories()
     optimizer = make_optimizer(model, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01)
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
     with precision.autocast():
         result = train_step(
             model,

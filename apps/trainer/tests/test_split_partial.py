@@ -40,7 +40,7 @@ from rstar2_trainer.rundir.tracking import open_trackers
 from rstar2_trainer.train import Run, run_steps, tokenizer_corpus
 from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
-from rstar2_trainer.training.worker_policy import WorkerPolicy
+from rstar2_trainer.training.sharded_policy import ShardedPolicy
 
 pytestmark = [
     pytest.mark.slow,
@@ -90,7 +90,7 @@ async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> dic
                 pad_id=pad_id,
                 group=parts.train_group,
             ) as policy:
-                assert isinstance(policy, WorkerPolicy)
+                assert isinstance(policy, ShardedPolicy)
                 curriculum = data.prepared.curriculum
                 run = Run(config, run_dir, log, parts, policy, curriculum, [], {})
                 await run_steps(run, None, [])

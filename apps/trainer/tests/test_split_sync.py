@@ -31,7 +31,7 @@ from rstar2_trainer.placement.channel import ChannelMover
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.training.policy import open_policy
 from rstar2_trainer.training.precision import Precision
-from rstar2_trainer.training.worker_policy import WorkerPolicy
+from rstar2_trainer.training.sharded_policy import ShardedPolicy
 
 pytestmark = [
     pytest.mark.slow,
@@ -83,7 +83,7 @@ async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> dic
         async with open_policy(
             config, parts.model, parts.model_dir, precision, pad_id=0, group=group
         ) as policy:
-            assert isinstance(policy, WorkerPolicy) and policy.weights() is group
+            assert isinstance(policy, ShardedPolicy) and policy.weights() is group
             out["before"] = (await parts.engines[0].generate(PROMPT, greedy, "before")).token_ids
             await _update(policy, parts.engines, 0)
             out["sync"] = await mover.push(policy.weights())

@@ -1,10 +1,10 @@
 """The RL update, in the driver and on FSDP2 training workers, equals the plain full-batch step.
 
-- fast: the algorithm's loss through `distributed.train_step` (`WorkerPolicyLoss`, one process,
+- fast: the algorithm's loss through `distributed.train_step` (`RLTokenLoss`, one process,
   micro-batches) gives the loss, gradient norm, metrics and weights of one forward and backward
   over the whole batch (`_reference`, written out here); `DriverPolicy` with several
   mini-batches computes old logprobs, so the clip acts;
-- slow: two gloo ranks as Ray actors (`worker_policy.WorkerPolicy`) take that same step, and the
+- slow: two gloo ranks as Ray actors (`worker_policy.ShardedPolicy`) take that same step, and the
   engine that then receives rank 0's weights generates what transformers does with them; with
   mini-batches and epochs they compute the old logprobs and take the driver's PPO-style steps;
 - slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT and
@@ -33,7 +33,7 @@ from rstar2_trainer.rundir import read_metrics
 from rstar2_trainer.rundir.checkpoint import load_latest
 from rstar2_trainer.training.batching import make_batch, response_logprobs
 from rstar2_trainer.training.distributed import train_step
-from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer, policy_rows
+from rstar2_trainer.training.update import RLTokenLoss, make_optimizer, policy_rows
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -97,7 +97,7 @@ def _full_batch_step(model, optimizer, algo_config, kept, advantages, temperatur
         logp.detach(),
         advantages,
         batch.response_mask,
-        entropy=entropy,  # with its gradient: entropy_coef > 0 (WorkerPolicyLoss.entropy_grad)
+        entropy=entropy,  # with its gradient: entropy_coef > 0 (RLTokenLoss.entropy_grad)
         normalizer=float(tokens if token_level else len(kept)),
     )
     loss.backward()
@@ -133,7 +133,7 @@ def test_worker_loss_through_train_step_equals_the_full_batch_step(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = make_optimizer(model, LR, (0.9, 0.999), WEIGHT_DECAY)
     kept, advantages = _kept()
-    loss = WorkerPolicyLoss(ALGO)
+    loss = RLTokenLoss(ALGO)
     result = train_step(
         model,
         optimizer,
@@ -174,7 +174,7 @@ def test_sequence_aggregation_divides_by_rows(tmp_path):
         ref, make_optimizer(ref, LR, (0.9, 0.999), 0.0), algo, kept, advantages
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    loss = WorkerPolicyLoss(algo)
+    loss = RLTokenLoss(algo)
     assert loss.normalize_by == "rows"
     result = train_step(
         model,
@@ -227,7 +227,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
     from rstar2_trainer.placement.cluster import connect, start_engines
     from rstar2_trainer.placement.engines import Engines
     from rstar2_trainer.placement.ranks import open_train_group
-    from rstar2_trainer.training.worker_policy import open_worker_policy
+    from rstar2_trainer.training.sharded_policy import open_sharded_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     reference, expected = _reference(model_dir)
@@ -256,7 +256,7 @@ def test_two_workers_take_the_driver_step_and_feed_the_engine(tmp_path):
         out: dict[str, Any] = {}
         async with (
             open_train_group(config, model_dir) as group,
-            open_worker_policy(config, model_dir, pad_id=0, group=group) as workers,
+            open_sharded_policy(config, model_dir, pad_id=0, group=group) as workers,
         ):
             assert workers is not None
             out["metrics"] = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
@@ -314,7 +314,7 @@ def test_two_workers_take_the_drivers_ppo_style_update(tmp_path):
     from rstar2_trainer.placement.ranks import open_train_group
     from rstar2_trainer.training.policy import DriverPolicy
     from rstar2_trainer.training.precision import FP32_CPU
-    from rstar2_trainer.training.worker_policy import open_worker_policy
+    from rstar2_trainer.training.sharded_policy import open_sharded_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     overrides = [
@@ -338,7 +338,7 @@ def test_two_workers_take_the_drivers_ppo_style_update(tmp_path):
     async def on_workers() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         async with (
             open_train_group(config, model_dir) as group,
-            open_worker_policy(config, model_dir, pad_id=0, group=group) as workers,
+            open_sharded_policy(config, model_dir, pad_id=0, group=group) as workers,
         ):
             assert workers is not None
             got = await workers.update(kept, advantages, lr=LR, temperature=TEMPERATURE)
@@ -370,7 +370,7 @@ def test_two_workers_take_the_drivers_sft_steps(tmp_path):
     from rstar2_trainer.placement.ranks import open_train_group
     from rstar2_trainer.training.policy import DriverPolicy
     from rstar2_trainer.training.precision import FP32_CPU
-    from rstar2_trainer.training.worker_policy import open_worker_policy
+    from rstar2_trainer.training.sharded_policy import open_sharded_policy
 
     model_dir = build_tiny_model(tmp_path / "model", seed=0, vocab_size=1024, layers=2)
     overrides = [
@@ -405,7 +405,7 @@ def test_two_workers_take_the_drivers_sft_steps(tmp_path):
     async def on_workers() -> tuple[Any, dict[str, torch.Tensor]]:
         async with (
             open_train_group(workers_config, model_dir) as group,
-            open_worker_policy(workers_config, model_dir, pad_id=0, group=group) as workers,
+            open_sharded_policy(workers_config, model_dir, pad_id=0, group=group) as workers,
         ):
             assert workers is not None
             got = await workers.sft(

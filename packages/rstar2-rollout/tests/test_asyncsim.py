@@ -12,7 +12,7 @@ import pytest
 from rstar2_rollout.config import SchedulerConfig
 from rstar2_rollout.engine import SamplingParams
 from rstar2_rollout.research.asyncsim import (
-    AsyncConfig,
+    AsyncSimConfig,
     RunResult,
     StepRecord,
     TrainModel,
@@ -49,7 +49,7 @@ CONFIG = SchedulerConfig()
 def test_no_staleness_without_partial_rollouts_is_the_synchronous_step(seed: int) -> None:
     sync = run_sync(SMALL, CONFIG, TRAIN, 3, seed)
     degenerate = run_steps(
-        SMALL, CONFIG, TRAIN, AsyncConfig(steps=3, max_staleness=0, partial_rollout=False), seed
+        SMALL, CONFIG, TRAIN, AsyncSimConfig(steps=3, max_staleness=0, partial_rollout=False), seed
     )
     assert [s.end_s for s in degenerate.steps] == pytest.approx(
         [s.end_s for s in sync.steps], rel=1e-12
@@ -67,7 +67,7 @@ def test_no_staleness_without_partial_rollouts_is_the_synchronous_step(seed: int
 
 def test_async_trains_whole_groups_never_fewer_per_step_and_counts_every_trajectory() -> None:
     sync = run_sync(SMALL, CONFIG, TRAIN, 4, seed=0)
-    result = run_steps(SMALL, CONFIG, TRAIN, AsyncConfig(steps=4, max_staleness=1), seed=0)
+    result = run_steps(SMALL, CONFIG, TRAIN, AsyncSimConfig(steps=4, max_staleness=1), seed=0)
     seen: set[int] = set()
     for step, base in zip(result.steps, sync.steps, strict=True):
         assert len(step.groups) == SMALL.prompts  # groups_per_step
@@ -85,7 +85,7 @@ def test_async_trains_whole_groups_never_fewer_per_step_and_counts_every_traject
 
 @pytest.mark.parametrize("bound", [1, 2])
 def test_staleness_never_exceeds_the_bound_and_drops_are_counted(bound: int) -> None:
-    result = run_steps(SMALL, CONFIG, TRAIN, AsyncConfig(steps=5, max_staleness=bound), seed=0)
+    result = run_steps(SMALL, CONFIG, TRAIN, AsyncSimConfig(steps=5, max_staleness=bound), seed=0)
     assert max(result.staleness_counts) <= bound
     assert max(result.staleness_counts) >= 1  # trajectories did span a push
     for step in result.steps:
@@ -100,7 +100,7 @@ def test_async_beats_sync_on_a_long_tail() -> None:
     sync = run_sync(SMALL, CONFIG, TRAIN, 4, seed=0)
     # a step's 16 trajectories (8 per engine) leave these engines half empty: two steps'
     # worth in flight keeps them full
-    run = AsyncConfig(steps=4, max_staleness=1, inflight_steps=2.0)
+    run = AsyncSimConfig(steps=4, max_staleness=1, inflight_steps=2.0)
     result = run_steps(SMALL, CONFIG, TRAIN, run, seed=0)
     assert result.trajectories_per_s > 1.4 * sync.trajectories_per_s
     assert result.idle_share < sync.idle_share / 2  # the engines keep generating while it trains
@@ -110,9 +110,9 @@ def test_async_beats_sync_on_a_long_tail() -> None:
 @pytest.mark.parametrize("unit", ["trajectories", "groups"])
 def test_no_more_in_flight_than_the_cap(unit: Literal["trajectories", "groups"]) -> None:
     # a quarter of a step's load: 4 of 16 trajectories, or 1 of 4 groups: one group at a time
-    one_group = AsyncConfig(steps=3, cap_unit=unit, inflight_steps=0.25)
+    one_group = AsyncSimConfig(steps=3, cap_unit=unit, inflight_steps=0.25)
     tight = run_steps(SMALL, CONFIG, TRAIN, one_group, seed=0)
-    two_steps = AsyncConfig(steps=3, cap_unit=unit, inflight_steps=2.0)
+    two_steps = AsyncSimConfig(steps=3, cap_unit=unit, inflight_steps=2.0)
     wide = run_steps(SMALL, CONFIG, TRAIN, two_steps, seed=0)
     assert tight.trajectories_per_s < wide.trajectories_per_s  # one group at a time starves
     # each step's batch is the next 4 groups in admission order: one in flight, none overtakes
@@ -155,11 +155,11 @@ def test_engine_pause_delays_running_requests_and_counts_as_idle() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="max_staleness"):
-        AsyncConfig(max_staleness=-1)
+        AsyncSimConfig(max_staleness=-1)
     with pytest.raises(ValueError, match="inflight_steps"):
-        AsyncConfig(inflight_steps=0)
+        AsyncSimConfig(inflight_steps=0)
     with pytest.raises(ValueError, match="cap_unit"):
-        AsyncConfig(cap_unit="tokens")  # type: ignore[arg-type]
+        AsyncSimConfig(cap_unit="tokens")  # type: ignore[arg-type]
 
 
 def test_time_is_itemised_and_no_run_beats_the_overlap_bound() -> None:
@@ -172,7 +172,7 @@ def test_time_is_itemised_and_no_run_beats_the_overlap_bound() -> None:
     assert sync.trainer_idle_s == pytest.approx(sum(rollouts))
     assert sync.engine_paused_s == pytest.approx(4 * TRAIN.weight_sync_s)
     assert sync.abort_recompute_s == 0.0
-    run = AsyncConfig(steps=4, max_staleness=1, inflight_steps=2.0)
+    run = AsyncSimConfig(steps=4, max_staleness=1, inflight_steps=2.0)
     result = run_steps(SMALL, CONFIG, TRAIN, run, seed=0)
     # async writes tokens it never trains (dropped groups, groups unfinished at the end), its
     # trainer waits less, and its pushes find running turns holding KV

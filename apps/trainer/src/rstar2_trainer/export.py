@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from rstar2_trainer.config import ConfigError, TrainerConfig
-from rstar2_trainer.rundir.checkpoint import WORKERS_DIR
+from rstar2_trainer.rundir.checkpoint import TRAIN_WORKERS_DIR
 from rstar2_trainer.rundir.kept import (
     check_weights,
     find_checkpoint,
@@ -37,18 +37,18 @@ from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
 
 def _lora_model(config: TrainerConfig, model_dir: Path, path: Path) -> torch.nn.Module:
     """The run's base (fp32) with checkpoint `path`'s adapters, in this process."""
-    from rstar2_trainer.placement.local import load_policy
+    from rstar2_trainer.placement.local import load_model
     from rstar2_trainer.training import lora
 
     settings = config.model.lora
-    model, _ = load_policy(model_dir)
+    model, _ = load_model(model_dir)
     model = lora.apply_lora(model, settings, base_path=model_dir)
     weights = path / "model.pt"
     if weights.is_file():
         state = torch.load(weights, map_location="cpu", weights_only=True)
         lora.load_trainable_state(model, state)
     else:
-        load_sharded(path.parent / WORKERS_DIR / path.name, model=model, optimizer=None)
+        load_sharded(path.parent / TRAIN_WORKERS_DIR / path.name, model=model, optimizer=None)
     return model
 
 
@@ -67,7 +67,7 @@ def export_checkpoint(
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         raise ConfigError(f"cannot write {out}: {out.parent} is not a writable folder")
 
-    from rstar2_trainer.placement.local import load_policy
+    from rstar2_trainer.placement.local import load_model
     from rstar2_trainer.rundir.checkpoint import save_adapter_policy, save_policy
     from rstar2_trainer.training import lora
 
@@ -75,10 +75,10 @@ def export_checkpoint(
     if getattr(config.model, "lora", None) is None:
         if merged:
             raise ConfigError(f"--merged: {run_dir} trained full weights, not a LoRA adapter")
-        model, tokenizer = load_policy(model_dir)
+        model, tokenizer = load_model(model_dir)
         load_weights(path, model)
     else:
-        _, tokenizer = load_policy(model_dir, weights=False)
+        _, tokenizer = load_model(model_dir, weights=False)
         model = _lora_model(config, model_dir, path)
         if not merged:
             adapter = lora.as_adapter(model, torch.float32, model_dir)

@@ -26,7 +26,7 @@ from typing import Any
 
 from rstar2_trainer.config import ConfigError, InitConfig, PretrainedModelConfig, TrainerConfig
 from rstar2_trainer.data import RunData
-from rstar2_trainer.rundir.checkpoint import WORKERS_DIR
+from rstar2_trainer.rundir.checkpoint import TRAIN_WORKERS_DIR
 from rstar2_trainer.rundir.kept import check_weights, find_checkpoint, model_dir_of, read_run
 
 # config.json keys that fix the shapes of the weights
@@ -108,7 +108,7 @@ def resolve_origin(config: TrainerConfig, data: RunData) -> TrainerConfig:
     workers = config.cluster is not None and config.cluster.train_workers > 0
     if "optimizer" in init.include:
         has = (
-            (path.parent / WORKERS_DIR / path.name / ".metadata").is_file()
+            (path.parent / TRAIN_WORKERS_DIR / path.name / ".metadata").is_file()
             if workers
             else (path / "optimizer.pt").is_file()
         )

@@ -4,7 +4,7 @@
 the trainer's loop does not change. Two placements of engines and training ranks:
 
     driver (this process)            every node (Ray actors)
-      Scheduler (KV-aware)  ------->   colocated (the GPU default): ColocatedWorker x train_workers,
+      Scheduler (KV-aware)  ------->   colocated (the GPU default): ColocatedTrainWorker x train_workers,
       Engines, the weight mover          one FSDP2 rank + one engine each (placement/colocated.py)
       SandboxClient(all nodes)  ---->  split: EngineActor x engines_per_node (TP = gpus_per_engine)
       VerifyPool(all nodes)  ------->    and TrainWorker x train_workers on other GPUs (ranks.py)
@@ -49,7 +49,7 @@ from rstar2_trainer.meter import EngineMeter
 from rstar2_trainer.placement.channel import ChannelMover
 from rstar2_trainer.placement.colocated import start_colocated
 from rstar2_trainer.placement.engines import Engines
-from rstar2_trainer.placement.local import Parts, load_policy, local_source, prepare_model_dir
+from rstar2_trainer.placement.local import Parts, load_model, local_source, prepare_model_dir
 from rstar2_trainer.placement.ranks import start_train_group
 from rstar2_trainer.placement.ray_engine import RayEngine, WeightPublisher
 from rstar2_trainer.placement.servers import RunToken
@@ -278,7 +278,7 @@ async def open_cluster_parts(
         check_memory(config, model_dir, placement)  # before anything starts
         if connect(placement, config.run.log_level):
             stack.callback(_ray().shutdown)
-        model, tokenizer = load_policy(model_dir, weights=placement.train_workers == 0)
+        model, tokenizer = load_model(model_dir, weights=placement.train_workers == 0)
         token = RunToken.create(run_dir)
         nodes = await start_node_servers(config, placement, stack, token.value)
         sandbox = SandboxClient([n["sandbox"] for n in nodes], token=token.value)

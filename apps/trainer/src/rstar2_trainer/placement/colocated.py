@@ -1,6 +1,6 @@
 """Colocated placement: every GPU holds one FSDP2 rank and one engine, in the same Ray actor.
 
-With `cluster.colocate: true` and `cluster.train_workers: N`, the run starts N `ColocatedWorker`
+With `cluster.colocate: true` and `cluster.train_workers: N`, the run starts N `ColocatedTrainWorker`
 actors, one placement-group bundle each (`ranks.start_ranks`, node by node). Each actor is a
 training rank (`train_workers.TrainWorker`: joins the FSDP2 world, loads its shard) that then,
 with `cluster.offload_train_state`, moves its training state to host memory (vLLM's start-up
@@ -58,7 +58,7 @@ from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "bfloat16"}
 
 
-class ColocatedWorker(TrainWorker):
+class ColocatedTrainWorker(TrainWorker):
     """A training rank that also holds one engine on its device (a Ray actor)."""
 
     def __init__(self, rank: int, world_size: int, threads: int = 1) -> None:
@@ -232,7 +232,7 @@ async def start_colocated(
 
     cluster = placement
     group = await start_train_group(
-        config, model_dir, group_class=ColocatedGroup, actor_class=ColocatedWorker
+        config, model_dir, group_class=ColocatedGroup, actor_class=ColocatedTrainWorker
     )
     try:
         names, calls = [], []

@@ -146,7 +146,7 @@ def prepare_model_dir(config: TrainerConfig, run_dir: Path, corpus: Sequence[str
     return out
 
 
-def load_policy(model_dir: Path, *, weights: bool = True) -> tuple[Any, Any]:
+def load_model(model_dir: Path, *, weights: bool = True) -> tuple[Any, Any]:
     """The model (fp32; None without `weights`: the training ranks load it) and tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -244,7 +244,7 @@ async def open_parts(
         servers: list[ChildServer] = []
         stack.callback(_stop_all, servers)
         model_dir = prepare_model_dir(config, run_dir, corpus)
-        model, tokenizer = load_policy(model_dir)
+        model, tokenizer = load_model(model_dir)
         token = RunToken.create(run_dir)
         verifier = await _open_verifier(config, config.verify_service, servers, token)
         stack.push_async_callback(verifier.close)

@@ -36,7 +36,7 @@ from rstar2_trainer.placement.devices import (
 )
 from rstar2_trainer.training.distributed import DistributedConfig
 from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
-from rstar2_trainer.training.worker_policy import distributed_config
+from rstar2_trainer.training.sharded_policy import distributed_config
 
 G = TypeVar("G", bound=TrainGroup)
 
@@ -59,8 +59,8 @@ async def start_ranks(
     lr: float,
     betas: tuple[float, float] = (0.9, 0.999),
     weight_decay: float = 0.0,
-    gpus_per_worker: float = 0,
-    cpus_per_worker: float = 1,
+    gpus_per_train_worker: float = 0,
+    cpus_per_train_worker: float = 1,
     threads: int = 1,
     timeout_s: float | None = None,
     actor_class: type = TrainWorker,
@@ -76,7 +76,7 @@ async def start_ranks(
     )
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    bundles = rank_bundles(world_size, int(gpus_per_worker), cpus_per_worker)
+    bundles = rank_bundles(world_size, int(gpus_per_train_worker), cpus_per_train_worker)
     pg = placement_group(bundles, strategy=placement_group_strategy)
     try:
         await asyncio.wait_for(pg.ready(), timeout_s)
@@ -87,8 +87,8 @@ async def start_ranks(
     actors = [
         ray.remote(actor_class)
         .options(
-            num_cpus=cpus_per_worker,
-            num_gpus=gpus_per_worker,
+            num_cpus=cpus_per_train_worker,
+            num_gpus=gpus_per_train_worker,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=order[rank]
@@ -139,8 +139,8 @@ async def start_train_group(
             lr=config.optim.lr,
             betas=config.optim.betas,
             weight_decay=config.optim.weight_decay,
-            gpus_per_worker=cluster.gpus_per_train_worker,
-            cpus_per_worker=cluster.cpus_per_train_worker,
+            gpus_per_train_worker=cluster.gpus_per_train_worker,
+            cpus_per_train_worker=cluster.cpus_per_train_worker,
             threads=cluster.train_threads,
             timeout_s=cluster.start_timeout_s,
             actor_class=actor_class,

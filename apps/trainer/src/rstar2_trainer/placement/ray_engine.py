@@ -1,7 +1,7 @@
 """The driver's face of an engine actor: `RayEngine`, and `WeightPublisher`.
 
 `RayEngine` satisfies the rollout `Engine` Protocol (and `SleepingEngine`) over one engine actor
-(an `EngineActor`, or a colocated rank's engine, `colocated.ColocatedWorker`) by awaiting actor
+(an `EngineActor`, or a colocated rank's engine, `colocated.ColocatedTrainWorker`) by awaiting actor
 calls. `kv_capacity()` must not block the event loop, so it returns the capacity the actor
 reported with its last answer (the scheduler also counts what it has reserved, so a slightly old
 number never over-admits); `progress()` likewise. A failed generate (the actor died) answers with

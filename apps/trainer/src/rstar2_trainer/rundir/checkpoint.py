@@ -44,7 +44,7 @@ from rstar2_trainer.rundir.manifest import (
     write_manifest,
 )
 
-WORKERS_DIR = "workers"  # the training ranks' sharded checkpoints, beside the driver's
+TRAIN_WORKERS_DIR = "workers"  # the training ranks' sharded checkpoints, beside the driver's
 
 
 @dataclass
@@ -179,17 +179,19 @@ def check_checkpoint(path: Path, *, checksums: bool = True) -> str | None:
         return "rng.pt is missing"
     if (path / "model.pt").is_file():
         return None
-    shards = path.parent / WORKERS_DIR / path.name
+    shards = path.parent / TRAIN_WORKERS_DIR / path.name
     if not (shards / ".metadata").is_file():
-        return f"neither model.pt nor the training workers' shards ({WORKERS_DIR}/{path.name})"
+        return (
+            f"neither model.pt nor the training workers' shards ({TRAIN_WORKERS_DIR}/{path.name})"
+        )
     try:
         sharded = json.loads((shards / "state.json").read_text())
     except (OSError, ValueError):
-        return f"{WORKERS_DIR}/{path.name}/state.json cannot be read"
+        return f"{TRAIN_WORKERS_DIR}/{path.name}/state.json cannot be read"
     if sharded.get("format", 1) >= FORMAT:
         why = check_manifest(shards, checksums=False)
         if why is not None:
-            return f"{WORKERS_DIR}/{path.name}: {why}"
+            return f"{TRAIN_WORKERS_DIR}/{path.name}: {why}"
     return None
 
 

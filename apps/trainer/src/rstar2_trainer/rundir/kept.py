@@ -17,7 +17,7 @@ from rstar2_trainer.config import (
     TrainerConfig,
     validate_config,
 )
-from rstar2_trainer.rundir.checkpoint import WORKERS_DIR
+from rstar2_trainer.rundir.checkpoint import TRAIN_WORKERS_DIR
 from rstar2_trainer.rundir.sharded_checkpoint import load_sharded
 
 
@@ -69,11 +69,11 @@ def model_dir_of(run_dir: Path, config: TrainerConfig) -> Path:
 
 def check_weights(path: Path) -> None:
     """ConfigError unless checkpoint `path` holds weights (the driver's or the workers')."""
-    shards = path.parent / WORKERS_DIR / path.name
+    shards = path.parent / TRAIN_WORKERS_DIR / path.name
     if not (path / "model.pt").is_file() and not (shards / ".metadata").is_file():
         raise ConfigError(
             f"checkpoint {path.name} holds no weights: neither {path.name}/model.pt nor the "
-            f"training workers' shards in checkpoints/{WORKERS_DIR}/{path.name}"
+            f"training workers' shards in checkpoints/{TRAIN_WORKERS_DIR}/{path.name}"
         )
 
 
@@ -83,4 +83,4 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
     if weights.is_file():
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     else:
-        load_sharded(path.parent / WORKERS_DIR / path.name, model=model, optimizer=None)
+        load_sharded(path.parent / TRAIN_WORKERS_DIR / path.name, model=model, optimizer=None)

@@ -3,7 +3,7 @@
 Letters: B rows, M tokens of a pack (the rows concatenated), L padded row length, T padded
 response length, V vocabulary.
 A row is `prompt_ids + response_ids`; only response positions are scored, and of those only the
-ones whose loss mask is 1 enter a loss. Two layouts of the same rows (`Batch`):
+ones whose loss mask is 1 enter a loss. Two layouts of the same rows (`TokenBatch`):
 - packed (`pack_batch`, what training runs): the rows one after another in a single sequence
   [1, M], position ids restarting at 0 on each row, the row boundaries as `cu_seqlens`; the model
   attends within each row (`attention.use_packed_attention`: varlen Flash Attention on CUDA, one
@@ -34,7 +34,7 @@ from rstar2_trainer.training.head_logprobs import CHUNK_TOKENS, head_logprobs
 
 
 @dataclass
-class Batch:
+class TokenBatch:
     input_ids: torch.Tensor  # [1, M] packed, [B, L] padded
     attention_mask: torch.Tensor | None  # [B, L] padded; None packed
     response_start: torch.Tensor  # [B] index of the first response token within each row
@@ -44,7 +44,7 @@ class Batch:
     cu_seqlens: torch.Tensor | None = None  # [B + 1] int32 packed: row boundaries in the pack
     longest: int = 0  # packed: the longest row's tokens
 
-    def to(self, device: torch.device) -> Batch:
+    def to(self, device: torch.device) -> TokenBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
@@ -72,7 +72,7 @@ def make_batch(
     responses: Sequence[Sequence[int]],
     masks: Sequence[Sequence[int]],
     pad_id: int,
-) -> Batch:
+) -> TokenBatch:
     """Right-pad prompt+response rows to the longest; responses are gathered into [B, T]."""
     rows = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
     length = max(len(r) for r in rows)
@@ -83,7 +83,7 @@ def make_batch(
         attention[i, : len(row)] = 1
     response_ids, response_mask = _responses(responses, masks, pad_id)
     start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return Batch(input_ids, attention, start, response_mask, response_ids)
+    return TokenBatch(input_ids, attention, start, response_mask, response_ids)
 
 
 def pack_batch(
@@ -91,7 +91,7 @@ def pack_batch(
     responses: Sequence[Sequence[int]],
     masks: Sequence[Sequence[int]],
     pad_id: int,
-) -> Batch:
+) -> TokenBatch:
     """The prompt+response rows concatenated into one sequence [1, M], no padding; position ids
     restart on each row and `cu_seqlens` marks the boundaries. `pad_id` pads only [B, T]."""
     rows = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
@@ -102,14 +102,14 @@ def pack_batch(
     cu[1:] = torch.tensor(lengths).cumsum(0)
     response_ids, response_mask = _responses(responses, masks, pad_id)
     start = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return Batch(
+    return TokenBatch(
         input_ids, None, start, response_mask, response_ids, position_ids, cu, max(lengths)
     )
 
 
 def response_logprobs(
     model: torch.nn.Module,
-    batch: Batch,
+    batch: TokenBatch,
     *,
     with_entropy: bool = False,
     temperature: float = 1.0,

@@ -70,7 +70,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rstar2_trainer.training.batching import (
-    Batch,
+    TokenBatch,
     Grouping,
     make_batch,
     pack_batch,
@@ -317,7 +317,7 @@ class Row:
 
 @dataclass
 class MicroBatch:
-    batch: Batch
+    batch: TokenBatch
     values: dict[str, torch.Tensor]  # each [B, T], 0 on padding
     entropy: torch.Tensor | None = None  # [B, T] with train_step(with_entropy=True); see TokenLoss
 

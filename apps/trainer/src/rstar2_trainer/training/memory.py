@@ -89,7 +89,7 @@ vLLM 0.32's `request_memory`). The share is `gpu_memory_utilization` or, None, t
 the device less `overhead` (context, the rank's NCCL communicator and vLLM's groups over it; the
 allocator was emptied by the offload and by vLLM, so this is an upper bound: modelled, not
 measured) less what the rank keeps there: nothing when colocated with offload (the ranks offload
-before their engines start, `colocated.ColocatedWorker.start_engine`; measured on the H200: 64
+before their engines start, `colocated.ColocatedTrainWorker.start_engine`; measured on the H200: 64
 MiB left on the device after an offload, inside the overhead), else its fp32 master shards (4 P /
 W: gradients and AdamW's moments do not exist before the first step). Split engines start on
 GPUs of their own.

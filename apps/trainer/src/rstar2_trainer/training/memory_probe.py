@@ -4,7 +4,7 @@
 SHAPE_JSON`) that builds a random Qwen3-shaped model of `shape`, shards it with FSDP2 in a world of
 one (`distributed.shard_model`, fp32 master weights and the shape's compute dtype: bf16 as on a
 GPU, or fp32, which this CPU runs five times faster), and runs `distributed.train_step` with the
-RL loss (`update.WorkerPolicyLoss`, GRPO-RoC, entropy on as the trainer computes it) on random
+RL loss (`update.RLTokenLoss`, GRPO-RoC, entropy on as the trainer computes it) on random
 rows, packed as the trainer packs them (`packed=False`: padded). One warm-up step first, so the
 AdamW state exists as it does in a run; then the high-water mark is reset
 (`/proc/self/clear_refs`), a second step runs, and the child reports VmHWM minus the RSS it had
@@ -126,7 +126,7 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
         shard_model,
         train_step,
     )
-    from rstar2_trainer.training.update import WorkerPolicyLoss, make_optimizer
+    from rstar2_trainer.training.update import RLTokenLoss, make_optimizer
 
     cuda = shape.device == "cuda"
     libc = ctypes.CDLL("libc.so.6")
@@ -156,7 +156,7 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
     shard_model(model, config, world)
     optimizer = make_optimizer(model, 1e-6, (0.9, 0.999), 0.01)
     rows = _random_rows(shape)
-    loss = WorkerPolicyLoss(GrpoRocConfig())
+    loss = RLTokenLoss(GrpoRocConfig())
 
     def step():
         return train_step(

@@ -10,9 +10,9 @@
     Policy.export(out, tokenizer, system_prompt, step) the policy folder (safetensors, tokenizer)
 
 `open_policy` chooses the implementation once: `DriverPolicy` (the model and AdamW in this
-process) or `worker_policy.WorkerPolicy` (`cluster.train_workers` ranks; then the driver holds no
+process) or `worker_policy.ShardedPolicy` (`cluster.train_workers` ranks; then the driver holds no
 model at all). Both run the same training step, `distributed.train_step`, with the same loss
-(`update.WorkerPolicyLoss`, built once per policy), and SFT runs through that step too
+(`update.RLTokenLoss`, built once per policy), and SFT runs through that step too
 (`sft.sft_loop` with `sft.sft_loss`): the driver is a world of one, so there is one
 micro-batching implementation and one SFT loop.
 
@@ -49,7 +49,7 @@ checkpoints and evaluations run with the pool paused or idle. The update draws n
 torch's global generator unless the model has dropout (the transformers engine seeds that
 generator per request, so dropout would perturb concurrent sampling). Without
 `off_loop` the update runs in the loop (a synchronous run). A
-`WorkerPolicy` awaits its ranks, so its loop is free either way.
+`ShardedPolicy` awaits its ranks, so its loop is free either way.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from rstar2_trainer.training.distributed import Row, row_logprobs, train_step, w
 from rstar2_trainer.training.precision import Precision
 from rstar2_trainer.training.sft import Example, OnStep, SFTResult, driver_sft_step, sft_loop
 from rstar2_trainer.training.update import (
-    WorkerPolicyLoss,
+    RLTokenLoss,
     make_optimizer,
     merge_steps,
     mini_batches,
@@ -126,7 +126,7 @@ class DriverPolicy:
         self.config = config
         self.precision = precision
         self.pad_id = pad_id
-        self.loss = WorkerPolicyLoss(config.algo)
+        self.loss = RLTokenLoss(config.algo)
         self.optimizer = self._new_optimizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -270,9 +270,9 @@ async def open_policy(
     """The run's policy: on the `cluster.train_workers` FSDP2 ranks the placement started
     (`group`; `model` None: the driver loads none), or in the driver (`model`, moved to
     `precision.device`)."""
-    from rstar2_trainer.training.worker_policy import open_worker_policy
+    from rstar2_trainer.training.sharded_policy import open_sharded_policy
 
-    async with open_worker_policy(config, model_dir, pad_id=pad_id, group=group) as workers:
+    async with open_sharded_policy(config, model_dir, pad_id=pad_id, group=group) as workers:
         if workers is not None:
             yield workers
             return

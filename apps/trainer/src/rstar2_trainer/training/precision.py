@@ -9,7 +9,7 @@ Contract
   `precision.autocast()` runs the forward pass (and so the backward of its ops) in bf16 on that
   device, on CPU as on GPU. Logprobs and losses are computed in fp32 from the bf16 logits
   (`batching.response_logprobs` upcasts before the softmax). float32 is plain fp32.
-- `precision.batch(b)` moves a `Batch` to the device.
+- `precision.batch(b)` moves a `TokenBatch` to the device.
 
 FSDP2 training (`distributed.py`) has its own precision policy (`MixedPrecisionPolicy` with bf16
 parameters and fp32 gradient reduction), configured from the same setting by
@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from rstar2_trainer.config import TrainSettings
-from rstar2_trainer.training.batching import Batch
+from rstar2_trainer.training.batching import TokenBatch
 from rstar2_trainer.training.distributed import DistributedConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -61,8 +61,10 @@ class Precision:
         with torch.autocast(device_type=self.device.type, dtype=self.dtype):
             yield
 
-    def batch(self, batch: Batch) -> Batch:
-        return Batch(*(getattr(batch, f).to(self.device) for f in Batch.__dataclass_fields__))
+    def batch(self, batch: TokenBatch) -> TokenBatch:
+        return TokenBatch(
+            *(getattr(batch, f).to(self.device) for f in TokenBatch.__dataclass_fields__)
+        )
 
 
 FP32_CPU = Precision(torch.device("cpu"), torch.float32)  # the default: plain fp32 on the CPU

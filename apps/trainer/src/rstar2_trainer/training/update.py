@@ -2,7 +2,7 @@
 
 Letters: K kept trajectories, B rows of a micro-batch, T padded response length.
 `policy_rows` turns the kept batch into `distributed.Row`s, each token carrying its row's
-advantage; `WorkerPolicyLoss` is the algorithm's policy loss as a `distributed.TokenLoss`.
+advantage; `RLTokenLoss` is the algorithm's policy loss as a `distributed.TokenLoss`.
 `train_step` splits the rows into micro-batches and divides every micro-batch's loss by the
 whole batch's normaliser (loss tokens for token-level aggregation, rows otherwise), so the
 gradient is that of the loss over the whole batch, however it is split (`policy.py` drives it).
@@ -29,7 +29,7 @@ from rstar2_trainer.training.distributed import MicroBatch, Row, StepResult
 
 
 @dataclass(frozen=True)
-class WorkerPolicyLoss:
+class RLTokenLoss:
     """The algorithm's policy loss as a `distributed.TokenLoss`, for `distributed.train_step`.
 
     `algo.policy_loss` on the tempered logprobs; the old logprobs are the rows'

@@ -1,6 +1,6 @@
 """Several RL steps on the simulator: synchronous steps against bounded-staleness asynchronous ones.
 
-`run_steps(scenario, config, train, AsyncConfig(...), seed)` plays `steps` RL steps of
+`run_steps(scenario, config, train, AsyncSimConfig(...), seed)` plays `steps` RL steps of
 `scenario` (`simulate.Scenario`: engines, prompts, 2G samples per prompt, lengths) through the
 real `Scheduler` over `SimEngine`s on one virtual clock, with a trainer beside them (split
 placement: the trainer has its own GPUs, the engines theirs). `run_sync` is the synchronous step. It
@@ -69,7 +69,7 @@ from rstar2_rollout.research.simulate import (
 from rstar2_rollout.scheduler import Job, Scheduler
 
 __all__ = [
-    "AsyncConfig",
+    "AsyncSimConfig",
     "RunResult",
     "StepRecord",
     "TrainModel",
@@ -100,7 +100,7 @@ class TrainModel:
 
 
 @dataclass(frozen=True)
-class AsyncConfig:
+class AsyncSimConfig:
     # defaults: the best of five settings on tuning seeds 21-23 (stage3 and stage3_late at TP=1,
     # 1/8 scale, bench/rollout_async.py; SCHEDULER.md, "Asynchronous steps, simulated")
     steps: int = 10
@@ -390,7 +390,7 @@ async def _close(scheduler: Scheduler[int], engines: list[SimEngine]) -> None:
 
 
 def run_steps(
-    scenario: Scenario, config: SchedulerConfig, train: TrainModel, run: AsyncConfig, seed: int
+    scenario: Scenario, config: SchedulerConfig, train: TrainModel, run: AsyncSimConfig, seed: int
 ) -> RunResult:
     """Asynchronous steps with partial rollouts under a staleness bound (module docstring)."""
     workload, script = Workload(scenario, seed), {}

@@ -8,9 +8,9 @@ and the policy update of every RL step runs on them instead of in the driver:
             lr, the algorithm's loss, temperature        train_step: forward, backward, AdamW
                                                          on the sharded parameters and state
 
-- `WorkerPolicy(group, config, model_dir)` is a `policy.Policy`: `update(...)` runs
+- `ShardedPolicy(group, config, model_dir)` is a `policy.Policy`: `update(...)` runs
   `distributed.train_step` on the ranks, the step the driver's `DriverPolicy` runs as a world of
-  one: the same loss (`WorkerPolicyLoss`), the same global normalisation, the same metrics (loss,
+  one: the same loss (`RLTokenLoss`), the same global normalisation, the same metrics (loss,
   grad_norm, clip fractions, entropy, ...); `optim.mini_batches` x `optim.epochs` give one rank
   step per mini-batch and epoch; the old logprobs are computed on the ranks first
   (`distributed.row_logprobs`), as the driver does.
@@ -53,7 +53,7 @@ import torch
 from rstar2_rollout.trajectory import Trajectory
 from rstar2_trainer.config import SFTConfig, TrainerConfig
 from rstar2_trainer.rundir.checkpoint import (
-    WORKERS_DIR,
+    TRAIN_WORKERS_DIR,
     Checkpoint,
     save_adapter_policy,
     save_checkpoint,
@@ -74,10 +74,10 @@ from rstar2_trainer.training.sft import (
     sft_loss,
 )
 from rstar2_trainer.training.train_workers import TrainGroup
-from rstar2_trainer.training.update import WorkerPolicyLoss, merge_steps, mini_batches, policy_rows
+from rstar2_trainer.training.update import RLTokenLoss, merge_steps, mini_batches, policy_rows
 
 
-class WorkerPolicy:
+class ShardedPolicy:
     """The driver's handle on the policy that lives, sharded, on the training ranks."""
 
     def __init__(
@@ -89,7 +89,7 @@ class WorkerPolicy:
         self.config = config
         self.cluster = config.cluster
         self.pad_id = pad_id
-        self.loss = WorkerPolicyLoss(config.algo)
+        self.loss = RLTokenLoss(config.algo)
 
     async def update(
         self,
@@ -178,7 +178,7 @@ class WorkerPolicy:
         first (the mover's `sleep`: colocated ranks offload it before their engines start)."""
         if getattr(self.config.model, "lora", None) is not None:
             return  # the base folder holds the origin's weights; fresh adapters
-        shards = checkpoint.parent / WORKERS_DIR / checkpoint.name
+        shards = checkpoint.parent / TRAIN_WORKERS_DIR / checkpoint.name
         if (shards / ".metadata").is_file():
             await self.group.load_weights(shards)
         else:
@@ -192,7 +192,7 @@ class WorkerPolicy:
         # One more than the driver keeps: a run killed between the two saves resumes from the
         # driver's previous step, which must still be on disk.
         keep = self.config.run.keep_checkpoints + 1
-        await self.group.save(checkpoints / WORKERS_DIR, step, keep=keep)
+        await self.group.save(checkpoints / TRAIN_WORKERS_DIR, step, keep=keep)
         save_checkpoint(
             checkpoints,
             step,
@@ -204,7 +204,7 @@ class WorkerPolicy:
 
     async def restore(self, checkpoint: Checkpoint) -> None:
         step = checkpoint.step
-        path = checkpoint.path.parent / WORKERS_DIR / f"step_{step:06d}"
+        path = checkpoint.path.parent / TRAIN_WORKERS_DIR / f"step_{step:06d}"
         if not (path / ".metadata").is_file():
             raise FileNotFoundError(
                 f"{path} is missing: the checkpoint of step {step} was written without training "
@@ -244,9 +244,9 @@ def distributed_config(config: TrainerConfig) -> DistributedConfig:
 
 
 @contextlib.asynccontextmanager
-async def open_worker_policy(
+async def open_sharded_policy(
     config: TrainerConfig, model_dir: Path, *, pad_id: int, group: TrainGroup | None
-) -> AsyncIterator[WorkerPolicy | None]:
+) -> AsyncIterator[ShardedPolicy | None]:
     """The policy on the ranks the placement started (`group`), or None when the driver
     trains (`cluster.train_workers` 0). The placement closes the ranks."""
     cluster = config.cluster
@@ -257,4 +257,4 @@ async def open_worker_policy(
         raise ValueError(
             f"cluster.train_workers is {cluster.train_workers} but the placement started no ranks"
         )
-    yield WorkerPolicy(group, config, model_dir, pad_id=pad_id)
+    yield ShardedPolicy(group, config, model_dir, pad_id=pad_id)
