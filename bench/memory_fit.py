@@ -2,10 +2,12 @@
 
     uv run python bench/memory_fit.py --json bench/results/memory_fit.json [--skip-validation]
     python bench/memory_fit.py --gpu --skip-setups --json OUT   # on one GPU (scripts/gpu_check.sh)
+    python bench/memory_fit.py --gpu --skip-setups --only qwen3-14b-block-12k-packed --json OUT
 
 Validation: for each shape below a fresh process runs two real RL training steps
 (`distributed.train_step` with `update.RLTokenLoss`, FSDP2 in a world of one, the chunked
-head logprobs) and reports its measured peak (`memory_probe`: VmHWM of the second step minus
+head logprobs, rows packed as the trainer packs them, or padded where a shape says so) and
+reports its measured peak (`memory_probe`: VmHWM of the second step minus
 the RSS before the model was built; on a GPU, `max_memory_allocated` of the second step minus
 the allocated bytes before); `memory.peak_bytes` predicts it from the shape alone
 (training phase, overhead 0). Setups: each shipped GPU recipe as it ships
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "apps" / "trainer" / "configs"
 
 # fmt: off
-ROWS = [224, 200, 224, 210]  # unequal lengths: padded micro-batches, as in a run
+ROWS = [224, 200, 224, 210]  # unequal lengths: packed as the trainer packs them (or padded)
 SHAPES = [
     ProbeShape(
         name="v8k-h256-l4", vocab=8192, hidden=256, intermediate=768, layers=4, heads=4,
@@ -63,11 +65,18 @@ SHAPES = [
         kv_heads=1, head_dim=64, prompt_tokens=32, response_lengths=ROWS, micro_batch_tokens=512,
         param_dtype="bfloat16",
     ),
+    # Padded rows (the reference path): the 4-D mask and repeat_kv terms stay checked.
+    ProbeShape(
+        name="v8k-h256-l4-padded", vocab=8192, hidden=256, intermediate=768, layers=4, heads=4,
+        kv_heads=2, head_dim=64, prompt_tokens=64, response_lengths=[448, 420, 448, 400],
+        micro_batch_tokens=1024, packed=False,
+    ),
 ]
 
 # On a GPU (--gpu): real Qwen3 widths at the paper's lengths, bf16 compute, checkpointing, the
 # 14B recipe's micro-batch tokens; the 14B row keeps 8 of its 40 blocks so one GPU holds its fp32
-# state (the per-block and loss terms are the 14B's own). Unequal rows: padded, as in a run.
+# state (the per-block and loss terms are the 14B's own). Unequal rows, packed as in a run (the
+# H200 numbers in docs/RESULTS.md before packing are of padded rows).
 GPU_SHAPES = [
     ProbeShape(
         name="qwen3-1.7b-8k", vocab=151936, hidden=2048, intermediate=6144, layers=28, heads=16,
@@ -114,7 +123,21 @@ GPU_SHAPES = [
         response_lengths=[6144, 5000, 6144, 4000], micro_batch_tokens=16384, checkpointing=True,
         param_dtype="bfloat16", device="cuda", expandable_segments=True,
     ),
+    # scripts/gpu_check.sh's `block` stage: one Qwen3-14B block and its head at 12K, stage-3
+    # rows (two at the cap, one shorter) that pack into exactly the 14B recipe's 32,768-token
+    # micro-batch; and the same rows padded (two micro-batches, a 2 x 13,312^2 mask).
+    *(
+        ProbeShape(
+            name=f"qwen3-14b-block-12k-{kind}", vocab=151936, hidden=5120, intermediate=17408,
+            layers=1, heads=40, kv_heads=8, head_dim=128, prompt_tokens=1024,
+            response_lengths=[12288, 5120, 12288], micro_batch_tokens=32768,
+            checkpointing=True, param_dtype="bfloat16", device="cuda", expandable_segments=True,
+            packed=kind == "packed",
+        )
+        for kind in ("packed", "padded")
+    ),
 ]
+BLOCK_SHAPES = ["qwen3-14b-block-12k-packed", "qwen3-14b-block-12k-padded"]
 # fmt: on
 
 QWEN3_14B_JSON = {  # the Qwen3 config.json keys the model reads (Qwen/Qwen3-*-Base on the hub)
@@ -225,7 +248,12 @@ def main(argv: list[str] | None = None) -> int:
             "moment: predicted / measured MiB"
         )
         shapes = GPU_SHAPES if args.gpu else SHAPES
-        for shape in [s for s in shapes if args.only is None or s.name in args.only]:
+        wanted = (
+            [s for s in shapes if s.name not in BLOCK_SHAPES]
+            if args.only is None
+            else [s for s in shapes if s.name in args.only]
+        )  # the block shapes only when named (gpu_check's `block` stage)
+        for shape in wanted:
             t0 = time.perf_counter()
             try:
                 m = measure(shape, timeout_s=1800)

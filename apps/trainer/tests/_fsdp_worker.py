@@ -3,7 +3,7 @@
 It trains a tiny random Qwen3 with FSDP2 on fixed rows split unevenly over the ranks and writes,
 on rank 0, each step's loss, grad norm and full weights to --out. The test compares them with
 `reference_step`, a plain single-process step over the whole batch that shares no code with
-`train_step`'s micro-batching or normalisation.
+`train_step`'s micro-batching or normalisation, on padded rows where `train_step` packs them.
 
   torchrun --nproc-per-node 2 _fsdp_worker.py train --out DIR [--activation-checkpointing]
   python _fsdp_worker.py resume --checkpoint DIR/ckpt/step_000001 --out DIR2
@@ -106,10 +106,11 @@ def policy_loss(logp: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
 def reference_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, rows: list[Row]
 ) -> tuple[float, float]:
-    """One plain step: the whole batch at once, token mean, clip, AdamW. (loss, grad norm)."""
+    """One plain step: the whole batch at once, rows padded (`train_step` packs them), token
+    mean, clip, AdamW. (loss, grad norm)."""
     from rstar2_trainer.training.batching import response_logprobs
 
-    mb = make_micro_batch(rows, PAD, torch.device("cpu"))
+    mb = make_micro_batch(rows, PAD, torch.device("cpu"), packed=False)
     logp, _ = response_logprobs(model, mb.batch)
     mask = mb.batch.response_mask
     loss = (policy_loss(logp, mb) * mask).sum() / mask.sum()

@@ -1,6 +1,6 @@
 """Shared settings of the trainer's tests: a seconds-long `rstar2-train` run (`tiny_run`), and
 the tiny model on a local Ray cluster of this machine (`tiny_on_ray`) for the slow placement
-tests (test_colocate.py, test_split_sync.py, test_split_partial.py, test_gpu_rules_seam.py).
+tests (test_colocate.py, test_split_sync.py, test_split_partial.py, test_gpu_rules.py).
 
 A sync is checked by what the engine computes, never by reading its parameters: vLLM's CPU
 backend may repack or drop a linear layer's `.weight` for its own kernels (AMX, oneDNN), so

@@ -61,7 +61,12 @@ def test_gradient_flows_only_through_scored_positions():
 
 def test_token_budget_chunks_cover_every_row_once_within_budget():
     lengths = [5, 100, 7, 60, 60, 3]
-    chunks = list(token_budget_chunks(lengths, max_tokens=128))
-    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
-    for chunk in chunks:
+    padded = list(token_budget_chunks(lengths, max_tokens=128, packed=False))
+    assert sorted(i for c in padded for i in c) == list(range(len(lengths)))
+    for chunk in padded:  # rows x the longest row
         assert len(chunk) == 1 or max(lengths[i] for i in chunk) * len(chunk) <= 128
+    packed = list(token_budget_chunks(lengths, max_tokens=128))
+    assert sorted(i for c in packed for i in c) == list(range(len(lengths)))
+    for chunk in packed:  # the rows' own tokens
+        assert len(chunk) == 1 or sum(lengths[i] for i in chunk) <= 128
+    assert packed[0] == [5, 0, 2, 3]  # 3 + 5 + 7 + 60 = 75 tokens; padded they would be 240

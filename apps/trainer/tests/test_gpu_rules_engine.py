@@ -1,4 +1,5 @@
-"""The GPU path's engine rules, each applied on CPU through the installed vLLM's and Ray's own code.
+"""The GPU path's engine rules, each applied on CPU through the installed vLLM's and Ray's own code
+(the GPU rules' topic files: test_gpu_rules.py lists them).
 
 - Start-up memory: vLLM's `request_memory` (its worker's check) on the memory model's free memory
   at engine start, with the share the engine passes, for every shipped GPU recipe.

@@ -77,10 +77,13 @@ def test_sft_through_train_step_keeps_the_old_loops_losses_and_weights(tmp_path)
         **settings,
     )  # fmt: skip
     assert result.steps == len(want) == 9 and result.micro_batches < 9 * 6  # grouped forwards
-    assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+    # Packed rows, grouped by their own tokens, against the old loop's padded rows: equal up to
+    # float reassociation, which nine AdamW steps at lr 3e-3 carry to ~1e-6 of the loss and
+    # 2.5e-5 of a weight (one step moves a weight by up to 3e-3).
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
     assert result.last_loss < result.first_loss - 0.5
     for (name, p), q in zip(new.named_parameters(), old.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(p, q, atol=1e-4, rtol=1e-5, msg=name)
 
 
 def test_a_mask_of_the_wrong_length_is_refused():

@@ -242,8 +242,9 @@ class SFTConfig(_Section):
     micro_batch_tokens: int = Field(
         default=4096,
         gt=0,
-        description="Padded tokens per forward pass: a step's sequences are grouped by length "
-        "into micro-batches of this size (gradient accumulation over them).",
+        description="Tokens per forward pass: a step's sequences are packed, longest first, into "
+        "micro-batches of at most this many of their own tokens (a longer one alone; gradient "
+        "accumulation over them).",
     )
     lr: float = Field(default=3e-3, gt=0, description="Peak learning rate.")
     warmup_ratio: float = Field(default=0.04, ge=0, le=1, description="Warm-up share of steps.")
@@ -258,7 +259,10 @@ class OptimConfig(_Section):
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
     micro_batch_tokens: int = Field(
-        default=16384, gt=0, description="Padded tokens per forward/backward micro-batch."
+        default=16384,
+        gt=0,
+        description="Tokens per forward/backward micro-batch: the rows' own, packed into one "
+        "sequence (a longer row alone).",
     )
     mini_batches: int = Field(
         default=1,

@@ -22,7 +22,7 @@ built in a Ray actor on such a host may pick AMX kernels it is not allowed to ru
 
 oneDNN asks for the permission itself and falls back when refused, so only vLLM's own choices
 need the answer. Evidence: read (the vLLM 0.32 and torch sources named above, Linux's xstate
-rules); the rule is unit-tested here with the probes injected (tests/test_gpu_rules_seam.py);
+rules); the rule is unit-tested here with the probes injected (tests/test_gpu_rules.py);
 the machines this was written on have AVX-512 but no AMX, so the SIGILL and its fix were not
 reproduced. Not covered: vLLM's tensor-parallel worker processes on CPU (spawned outside Ray,
 they inherit nothing of this).

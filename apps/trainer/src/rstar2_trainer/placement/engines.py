@@ -19,7 +19,7 @@ mover's to say: in split placement the run goes on with the others; a colocated 
 its process with a training rank, so the colocated mover stops the run (`RankError`).
 
 Tested without Ray's cluster in tests/test_placement.py (an engine whose calls raise Ray's
-actor error); on real actors in tests/test_split_sync.py and tests/test_gpu_rules_seam.py.
+actor error); on real actors in tests/test_split_sync.py and tests/test_gpu_rules.py.
 
 Not covered: replacing a dropped engine (the run continues with fewer).
 """

@@ -19,12 +19,16 @@ Contract
   checkpointing recomputes each block in backward (the composable API: no module is wrapped, so
   parameter names and checkpoints are unchanged).
 - `train_step(model, optimizer, rows, loss_fn, ...)` runs one optimizer step over this rank's rows
-  in token-budgeted micro-batches. The number of loss tokens is all-reduced first and every
-  micro-batch contributes sum(token loss * mask) / global tokens, so the loss and the gradient are
-  exactly those of a single process taking the token mean over the whole batch, whatever the
-  split across ranks and micro-batches. The gradients are freed (`zero_grad(set_to_none)`)
-  right after the optimizer step. Any per-token loss works: the SFT cross-entropy is
-  `-logp`, the RL policy loss is the clipped surrogate of `logp` and `values` such as advantages.
+  in token-budgeted micro-batches, each one packed sequence (`batching.pack_batch`: the rows
+  concatenated, attention within each row, no padding; at most `micro_batch_tokens` of the
+  rows' own tokens), or, with `packed=False`, rows padded to the longest (`make_batch`: the
+  reference path, at most rows x longest tokens); `row_logprobs` likewise. The number of loss
+  tokens is all-reduced first and every micro-batch contributes sum(token loss * mask) / global
+  tokens, so the loss and the gradient are exactly those of a single process taking the token
+  mean over the whole batch, whatever the split across ranks and micro-batches. The gradients
+  are freed (`zero_grad(set_to_none)`) right after the optimizer step. Any per-token loss works:
+  the SFT cross-entropy is `-logp`, the RL policy loss is the clipped surrogate of `logp` and
+  `values` such as advantages.
 - A loss returns either the per-token loss [B, T] (masked and summed here) or, as a 0-dim tensor,
   the micro-batch's loss already summed over its loss tokens; optionally with metrics that are
   likewise sums over the micro-batch's loss tokens, which the step reports as global means per
@@ -52,7 +56,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -66,10 +70,15 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rstar2_trainer.training.batching import (
+    Grouping,
     TokenBatch,
     make_batch,
+    pack_batch,
     response_logprobs,
     token_budget_chunks,
+)
+from rstar2_trainer.training.batching import (  # SFT and the ranks import it from here
+    longest_first_chunks as longest_first_chunks,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -97,7 +106,9 @@ class DistributedConfig(BaseModel):
         default=True, description="Free gathered block parameters after forward (ZeRO-3)."
     )
     micro_batch_tokens: int = Field(
-        default=16384, gt=0, description="Padded tokens (rows x longest row) per micro-batch."
+        default=16384,
+        gt=0,
+        description="Tokens per micro-batch: the rows' own, packed (a longer row alone).",
     )
     max_grad_norm: float | None = Field(
         default=1.0, gt=0, description="Clip the global gradient norm to this; None: no clipping."
@@ -311,25 +322,6 @@ class MicroBatch:
     entropy: torch.Tensor | None = None  # [B, T] with train_step(with_entropy=True); see TokenLoss
 
 
-# (row lengths, max padded tokens) -> row indices per micro-batch
-Grouping = Callable[[Sequence[int], int], Iterable[list[int]]]
-
-
-def longest_first_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Row indices grouped longest first, each micro-batch at most `max_tokens` padded tokens
-    (its first row the widest; a longer row alone): SFT's grouping, kept so SFT's numbers are
-    those it was measured with (`token_budget_chunks`, shortest first, is the RL step's)."""
-    out: list[list[int]] = []
-    width = 0
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if out and (len(out[-1]) + 1) * width <= max_tokens:
-            out[-1].append(i)
-        else:
-            out.append([i])
-            width = lengths[i]
-    return out
-
-
 LossOutput = torch.Tensor | tuple[torch.Tensor, Mapping[str, Any]]
 # (logp [B, T], mb) -> per-token loss [B, T] or the summed loss [], optionally with metric sums
 TokenLoss = Callable[[torch.Tensor, MicroBatch], LossOutput]
@@ -344,8 +336,12 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)  # per global loss token; *_max: max
 
 
-def make_micro_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> MicroBatch:
-    batch = make_batch(
+def make_micro_batch(
+    rows: Sequence[Row], pad_id: int, device: torch.device, *, packed: bool = True
+) -> MicroBatch:
+    """The rows as one micro-batch on `device`: packed (`pack_batch`) or padded (`make_batch`)."""
+    build = pack_batch if packed else make_batch
+    batch = build(
         [r.prompt_ids for r in rows],
         [r.response_ids for r in rows],
         [r.loss_mask for r in rows],
@@ -358,8 +354,7 @@ def make_micro_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> 
         for i, r in enumerate(rows):
             v[i, : len(r.values[key])] = torch.tensor(list(r.values[key]), dtype=torch.float32)
         values[key] = v.to(device)
-    moved = TokenBatch(*(getattr(batch, f).to(device) for f in TokenBatch.__dataclass_fields__))
-    return MicroBatch(moved, values)
+    return MicroBatch(batch.to(device), values)
 
 
 def partition_indices(rows: Sequence[Row], world_size: int) -> list[list[int]]:
@@ -414,8 +409,10 @@ def train_step(
     temperature: float = 1.0,
     with_entropy: bool = False,
     grouping: Grouping = token_budget_chunks,
+    packed: bool = True,
 ) -> StepResult:
-    """One optimizer step on this rank's `rows`, the loss normalised across all ranks."""
+    """One optimizer step on this rank's `rows`, the loss normalised across all ranks; each
+    micro-batch packed (`packed=False`: padded, the reference path)."""
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     if world_size > 1 and not isinstance(model, FSDPModule):
         raise ValueError("with more than one rank the model must be sharded (shard_model)")
@@ -423,7 +420,7 @@ def train_step(
         raise ValueError("every rank needs at least one row (see partition_rows)")
     device = device or next(model.parameters()).device
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-    chunks = [[rows[i] for i in c] for c in grouping(lengths, micro_batch_tokens)]
+    chunks = [[rows[i] for i in c] for c in grouping(lengths, micro_batch_tokens, packed=packed)]
     local_tokens = float(sum(sum(r.loss_mask) for r in rows))
     total_tokens, total_rows = _all_reduce(
         [local_tokens, float(len(rows))], dist.ReduceOp.SUM, device
@@ -442,7 +439,7 @@ def train_step(
     metric_maxes: dict[str, float] = {}
     for k in range(int(steps)):
         weight = 1.0 if k < len(chunks) else 0.0  # zero-weighted repeat: join the collectives
-        mb = make_micro_batch(chunks[min(k, len(chunks) - 1)], pad_id, device)
+        mb = make_micro_batch(chunks[min(k, len(chunks) - 1)], pad_id, device, packed=packed)
         logp, entropy = response_logprobs(
             model, mb.batch, with_entropy=with_entropy, temperature=temperature
         )  # [B, T]
@@ -490,6 +487,7 @@ def row_logprobs(
     micro_batch_tokens: int,
     device: torch.device | None = None,
     temperature: float = 1.0,
+    packed: bool = True,
 ) -> list[list[float]]:
     """This rank's rows' response-token logprobs under the current weights (collective).
 
@@ -500,14 +498,14 @@ def row_logprobs(
         raise ValueError("every rank needs at least one row (see partition_rows)")
     device = device or next(model.parameters()).device
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-    chunks = list(token_budget_chunks(lengths, micro_batch_tokens))
+    chunks = list(token_budget_chunks(lengths, micro_batch_tokens, packed=packed))
     (steps,) = _all_reduce([float(len(chunks))], dist.ReduceOp.MAX, device)
     was_training = model.training
     model.eval()
     out: list[list[float]] = [[] for _ in rows]
     for k in range(int(steps)):
         chunk = chunks[min(k, len(chunks) - 1)]
-        mb = make_micro_batch([rows[i] for i in chunk], pad_id, device)
+        mb = make_micro_batch([rows[i] for i in chunk], pad_id, device, packed=packed)
         logp, _ = response_logprobs(model, mb.batch, temperature=temperature)  # [B, T]
         if k < len(chunks):
             for j, i in enumerate(chunk):

@@ -2,8 +2,9 @@
 
 Letters: P parameters, W ranks sharing them (FSDP2), c bytes of the compute dtype (2: bf16),
 h hidden, i intermediate, q = heads x head_dim, k = kv_heads x head_dim, V vocabulary,
-L padded row length, R rows of a micro-batch, M = R x L tokens of a micro-batch, N scored
-(response) tokens of a micro-batch, C tokens of a loss chunk.
+L the longest row's tokens, M tokens of a micro-batch (packed rows: the budget, or one row when
+longer; padded rows: R x L for R rows), N scored (response) tokens of a micro-batch, C tokens
+of a loss chunk.
 
 Contract
 - `Setup` describes one device's share of a run; `peak_bytes(setup)` returns a `Breakdown` whose
@@ -35,10 +36,14 @@ The terms:
 - `activations`: without checkpointing every block keeps, a token, 8h + 4ch (two RMSNorms: an
   fp32 copy and two c-byte outputs each), 4q + 2cq and 4k + 2ck (q/k norms), ck (v), 2c(q + k)
   (RoPE's rotate_half and outputs), 2cq (attention output and its contiguous copy), 2cq more when
-  the batch is padded (`repeat_kv` copies k and v for SDPA with a mask) and 4ci (the SwiGLU MLP).
-  With checkpointing a block keeps only its input (ch a token), and `recompute` is one block's
-  activations rebuilt in its backward. `attention_mask`: the padded batch's boolean mask
-  (R x L x L bytes). These four and the two parameter terms are the resident terms.
+  the rows are padded (`repeat_kv` copies k and v for SDPA with a mask; packed rows attend with
+  grouped heads as they are, `attention.py`) and 4ci (the SwiGLU MLP). With checkpointing a
+  block keeps only its input (ch a token), and `recompute` is one block's activations rebuilt in
+  its backward. `attention_mask`: padded rows' boolean mask (R x L x L bytes); a pack has none.
+  These four and the two parameter terms are the resident terms.
+  Packed rows (`Setup.padded` False, what the trainer runs) fill a micro-batch up to the budget
+  with their own tokens, so M is the budget (`pack_tokens` when the largest pack is known) and N
+  the scored share of it that the longest row has; padded rows waste (L - row) tokens each.
 - `final_norm`: the final RMSNorm's saved tensors; `loss`: the chunked fused head
   (`head_logprobs`): c x h + 24 bytes a scored token kept for backward, and while the first
   chunk's backward runs 12 x C x V bytes of chunk logits plus the head's fp32 gradient
@@ -54,7 +59,9 @@ The terms:
 On one H200 (docs/RESULTS.md, "second GPU run"), against `max_memory_allocated` read up to
 `optimizer.step()` and within it: the optimizer step within 0.1 %, the backward 4.5-10 % over
 with checkpointing and 12 % over without, on five Qwen3 shapes, two of them held out; a sixth,
-held out, with a tied head, 1.1 % under (0.36 GiB, inside `overhead`).
+held out, with a tied head, 1.1 % under (0.36 GiB, inside `overhead`). Those steps ran padded
+rows; the packed terms are checked on CPU (bench/memory_fit.py) and, on a GPU, by
+scripts/gpu_check.sh's `block` stage (one Qwen3-14B block at 12K, packed).
 Rollout phase: the engine's share of the bf16 weights (P x 2 / TP), its KV cache (explicit bytes,
 or vLLM's share x device minus the weights), an activation/graph reserve (2 GiB, modelled), and,
 with offload off, the training state that stays on the device. `host`: the host RAM a colocated
@@ -177,7 +184,15 @@ class Setup(BaseModel):
     micro_batch_tokens: int = Field(default=32768, gt=0, description="The token budget.")
     row_tokens: int = Field(gt=0, description="Prompt + response tokens of the longest row.")
     response_tokens: int = Field(gt=0, description="Scored tokens of a row.")
-    padded: bool = Field(default=True, description="Rows of unequal length: a 4-D mask.")
+    padded: bool = Field(
+        default=False, description="Rows padded to the longest with a 4-D mask; False: packed."
+    )
+    pack_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Packed: tokens of the largest micro-batch; None: the budget (a pack fills "
+        "up to it), or the longest row when that is longer.",
+    )
     loss_chunk_tokens: int = Field(default=1024, gt=0, description="head_logprobs' chunk.")
     placement: Literal["colocated", "split"] = "colocated"
     offload: bool | None = Field(default=None, description="None: on when colocated.")
@@ -198,8 +213,22 @@ class Setup(BaseModel):
 
     @property
     def rows(self) -> int:
-        """Rows a micro-batch holds (`batching.token_budget_chunks`: at least one)."""
+        """Padded: rows a micro-batch holds (`batching.token_budget_chunks`: at least one)."""
         return max(1, self.micro_batch_tokens // self.row_tokens)
+
+    @property
+    def tokens(self) -> int:
+        """M: the tokens of the largest micro-batch (see the module docstring)."""
+        if self.padded:
+            return self.rows * self.row_tokens
+        return self.pack_tokens or max(self.micro_batch_tokens, self.row_tokens)
+
+    @property
+    def scored(self) -> int:
+        """N: the scored tokens of that micro-batch."""
+        if self.padded:
+            return self.rows * self.response_tokens
+        return self.tokens * self.response_tokens // self.row_tokens
 
     @property
     def offloading(self) -> bool:
@@ -282,8 +311,7 @@ MOMENTS: dict[str, tuple[str, ...]] = {
 def training_terms(s: Setup) -> dict[str, int]:
     m, c, w = s.model, s.compute_bytes, s.world_size
     p, trained, lora = m.params, s.trained, s.lora_rank > 0
-    tokens = s.rows * s.row_tokens  # M
-    scored = s.rows * s.response_tokens  # N
+    tokens, scored = s.tokens, s.scored  # M, N
     layer = _layer_activation_bytes(m, c, s.padded) + c * s.lora_rank * 7  # adapters' r-wide
     if s.checkpointing:
         acts, recompute = m.layers * tokens * c * m.hidden, tokens * layer

