@@ -25,7 +25,7 @@ def test_ray_narrowed_devices_mean_index_zero():
 def test_devices_left_visible_select_the_assigned_gpu(variable):
     """Under Ray's NOSET switch for `variable` the actor sees every GPU (the node's list, or all
     of them) and picks Ray's assignment itself; the full matrix of Ray's environments, with
-    vLLM's own device arithmetic, is in tests/test_gpu_rules_engine.py."""
+    vLLM's own device arithmetic, is in tests/test_gpu_rules.py."""
     assert local_device_index(["3"], {}, variable) == 3
     assert local_device_index([6], {variable: "4,6,7"}, variable) == 1
     with pytest.raises(RuntimeError, match="hides it"):
