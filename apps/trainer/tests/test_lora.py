@@ -86,6 +86,26 @@ def test_merged_tensors_equal_peft_merge_and_unload(model_dir):
     assert any(not torch.equal(ours[n], _base(model_dir).state_dict()[n]) for n in ours)
 
 
+def test_a_rank_stream_of_a_lora_model_is_the_merged_model_in_the_engine_dtype(model_dir):
+    from rstar2_trainer.training.gather import FullTensors
+
+    model = _randomised(model_dir)
+    stream = FullTensors(model, torch.bfloat16)
+    ours = dict(stream)
+    reference = _randomised(model_dir).merge_and_unload().state_dict()
+    assert list(ours) == list(reference)  # the base's names, in its order: what engines load
+    for name, tensor in ours.items():
+        assert tensor.dtype == torch.bfloat16
+        assert torch.equal(tensor, reference[name].to(torch.bfloat16)), name
+    # adapted weights in the base's dtype (fp32 here) and their A, B in fp32; the rest in bf16
+    adapted = {n.split(".lora_")[0] for n, _ in model.named_parameters() if lora.is_lora(n)}
+    base = {n: t.numel() for n, t in reference.items()}
+    adapter = sum(p.numel() for n, p in model.named_parameters() if lora.is_lora(n))
+    owners = {lora.base_name(o) + ".weight" for o in adapted}
+    want = sum(4 * k if n in owners else 2 * k for n, k in base.items()) + 4 * adapter
+    assert stream.gathered_bytes == want and stream.tensors == len(reference)
+
+
 def test_a_restored_adapter_and_optimizer_continue_exactly(model_dir, tmp_path):
     from rstar2_trainer.rundir.checkpoint import load_latest, save_checkpoint
 

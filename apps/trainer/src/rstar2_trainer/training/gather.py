@@ -15,6 +15,11 @@ Contract
 - At most one full tensor (and, in a world of one, its cast) exists beside the shards while a
   consumer holds the one yielded; the stream holds no reference to earlier ones.
 
+- A LoRA model (PEFT's, `training/lora.py`) streams the merged weights instead, under the base
+  model's own names (`lora.merged_tensors`): what an engine without LoRA loads
+  (`model.lora.sync: merged`). Its `gathered_bytes` then counts the adapted weights in their
+  own dtype and their A and B in fp32, the others in `dtype`.
+
 Not covered: tensor-parallel shards (only FSDP2's data-parallel Shard(0)), quantised weights.
 """
 
@@ -24,6 +29,8 @@ from collections.abc import Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from rstar2_trainer.training.lora import is_lora, merged_tensors
 
 
 class FullTensors:
@@ -51,6 +58,9 @@ class FullTensors:
         return list(by_tensor.values())
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if any(is_lora(name) for name, _ in self.model.named_parameters()):
+            yield from self._merged()
+            return
         for names in self._named():
             value = names[0][1].detach()
             if isinstance(value, DTensor):
@@ -64,3 +74,12 @@ class FullTensors:
                 self.tensors += 1
                 yield name, full
             del full
+
+    def _merged(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """A LoRA model's stream: the base's names, each adapted weight merged
+        (`lora.merged_tensors`); the counts are what it gathered."""
+        counts: dict[str, int] = {}
+        for name, full in merged_tensors(self.model, self.dtype, counts):
+            self.tensors += 1
+            self.gathered_bytes, self.gathers = counts["gathered_bytes"], counts["gathers"]
+            yield name, full

@@ -15,7 +15,9 @@ Contract
   both the `rstar2_rollout.Adapter` a push sends.
 - `merged_tensors(model, dtype)`: the base model's own names and full tensors with each
   adapter's update added (W + alpha/r B A, in fp32, then cast), for engines without LoRA
-  (`model.lora.sync: merged`); a plain model's tensors pass through.
+  (`model.lora.sync: merged`); a plain model's tensors pass through. On FSDP2 ranks it is the
+  stream `gather.FullTensors` yields for a LoRA model (a merged sync over a weight channel or
+  into a colocated engine), one merged tensor at a time.
 - Checkpoints hold the trainable parameters only (`trainable_state`, `load_trainable_state`);
   the base is the model folder, unchanged.
 
@@ -155,8 +157,15 @@ def adapter_bytes(model: torch.nn.Module, dtype_bytes: int) -> int:
 
 
 @torch.no_grad()
-def merged_tensors(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """The base model's tensors with each adapter's update merged (module docstring)."""
+def merged_tensors(
+    model: Any, dtype: torch.dtype, counts: dict[str, int] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's tensors with each adapter's update merged (module docstring), one at a
+    time. Collective on FSDP2 ranks (every rank iterates together); each tensor is gathered in
+    the least it needs: a frozen weight without an adapter cast to `dtype` first, an adapted one
+    in its own dtype (the frozen base's: bf16 on GPUs), A and B in fp32. `counts`, when given,
+    adds up `gathered_bytes` and `gathers`. A tied alias (a tied head) follows its first name
+    with the same tensor, gathered once."""
     named = dict(model.named_parameters())
     persistent = set(model.state_dict())
     scaling: dict[str, float] = {}
@@ -164,18 +173,37 @@ def merged_tensors(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.
         s = getattr(module, "scaling", None)
         if isinstance(s, dict) and ADAPTER_NAME in s:
             scaling[module_name] = float(s[ADAPTER_NAME])
-    tensors = [*named.items(), *((n, b) for n, b in model.named_buffers() if n in persistent)]
-    for name, p in tensors:
-        if is_lora(name):
-            continue
+    counts = {} if counts is None else counts
+
+    def gather(p: torch.Tensor, to: torch.dtype) -> torch.Tensor:
+        full = _full(p, to)
+        counts["gathered_bytes"] = (
+            counts.get("gathered_bytes", 0) + full.numel() * full.element_size()
+        )
+        counts["gathers"] = counts.get("gathers", 0) + 1
+        return full
+
+    groups: dict[int, list[tuple[str, torch.Tensor]]] = {}  # one tensor's names, in order
+    for name, p in [
+        *model.named_parameters(remove_duplicate=False),
+        *((n, b) for n, b in model.named_buffers() if n in persistent),
+    ]:
+        if not is_lora(name):
+            groups.setdefault(id(p), []).append((name, p))
+    for names in groups.values():
+        name, p = names[0]
         owner = name.removesuffix(".base_layer.weight")
         if owner != name and owner in scaling:
-            a = _full(named[f"{owner}.lora_A.{ADAPTER_NAME}.weight"], torch.float32)
-            b = _full(named[f"{owner}.lora_B.{ADAPTER_NAME}.weight"], torch.float32)
-            merged = _full(p, torch.float32) + scaling[owner] * (b @ a)
-            yield base_name(name), merged.to(dtype)
+            a = gather(named[f"{owner}.lora_A.{ADAPTER_NAME}.weight"], torch.float32)
+            b = gather(named[f"{owner}.lora_B.{ADAPTER_NAME}.weight"], torch.float32)
+            base = gather(p, p.dtype)
+            full = (base.float() + scaling[owner] * (b @ a)).to(dtype)
+            del a, b, base
         else:
-            yield base_name(name), _full(p, dtype)
+            full = gather(p, dtype)
+        for alias, _ in names:
+            yield base_name(alias), full
+        del full
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
