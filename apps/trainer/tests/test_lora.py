@@ -8,6 +8,8 @@ gloo) with a bf16 frozen base beside fp32 adapters.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -38,6 +40,12 @@ def _randomised(model_dir, rank=4):
             if ".lora_B." in name:
                 p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
     return model
+
+
+def _merged_reference(model_dir) -> dict[str, torch.Tensor]:
+    """PEFT's own merge of `_randomised`'s adapter into its base: the model's state dict."""
+    merged: Any = _randomised(model_dir)
+    return merged.merge_and_unload().state_dict()
 
 
 def test_the_base_is_frozen_in_the_training_dtype_and_the_adapters_train_in_fp32(model_dir):
@@ -79,7 +87,7 @@ def test_the_adapter_is_named_as_peft_saves_it(model_dir):
 def test_merged_tensors_equal_peft_merge_and_unload(model_dir):
     model = _randomised(model_dir)
     ours = dict(lora.merged_tensors(model, torch.float32))
-    reference = _randomised(model_dir).merge_and_unload().state_dict()
+    reference = _merged_reference(model_dir)
     assert set(ours) == set(reference)
     worst = max((ours[n] - reference[n]).abs().max().item() for n in ours)
     assert worst < 1e-6
@@ -92,7 +100,7 @@ def test_a_rank_stream_of_a_lora_model_is_the_merged_model_in_the_engine_dtype(m
     model = _randomised(model_dir)
     stream = FullTensors(model, torch.bfloat16)
     ours = dict(stream)
-    reference = _randomised(model_dir).merge_and_unload().state_dict()
+    reference = _merged_reference(model_dir)
     assert list(ours) == list(reference)  # the base's names, in its order: what engines load
     for name, tensor in ours.items():
         assert tensor.dtype == torch.bfloat16
@@ -125,12 +133,14 @@ def test_a_restored_adapter_and_optimizer_continue_exactly(model_dir, tmp_path):
         step(a, opt_a)
     b, opt_b = fresh()
     step(b, opt_b)
-    save_checkpoint(tmp_path, 1, model=lora.TrainableState(b), optimizer=opt_b, state={})
+    trained: Any = lora.TrainableState(b)  # what the policy saves: state_dict() only
+    save_checkpoint(tmp_path, 1, model=trained, optimizer=opt_b, state={})
     ckpt = load_latest(tmp_path)
     assert ckpt is not None and ckpt.model is not None
     assert all(lora.is_lora(n) for n in ckpt.model)  # the adapter only, not the base
     c, opt_c = fresh()
     lora.load_trainable_state(c, ckpt.model)
+    assert ckpt.optimizer is not None
     opt_c.load_state_dict(ckpt.optimizer)
     for _ in range(2):
         step(c, opt_c)
