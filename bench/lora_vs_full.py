@@ -18,7 +18,9 @@ they stay out of the RL data). The arms differ only in what trains:
 0) to the last RL step's record, the final evaluation not included. Arms of one seed run at once
 (`--jobs 2`, one torch thread each), so their seconds compare within a seed.
 
-JSON: `{"arms": {"full": [RUN, ...], "lora": [RUN, ...]}, "verdict": "..."}`, a RUN is
+JSON: `{"arms": {"full": [RUN, ...], "lora": [RUN, ...]}, "summary": {ARM: {"runs",
+"final_accuracy_mean", "final_accuracy_interval": [low, high] (95 % t, None below two runs),
+"rl_wall_s_mean"}}, "verdict": "..."}`, a RUN is
 `{"seed", "final_accuracy", "rl_wall_s", "accuracy_after_sft", "rl_steps", "sync_bytes",
 "mismatch_kl_mean"}` (`sync_bytes`: a push's bytes, the last step's). The verdict says whether the
 LoRA arm's mean final accuracy lies inside the full arm's 95 % t-interval.
@@ -84,6 +86,22 @@ def run_record(seed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summary(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per arm: runs, the mean final accuracy and its 95 % t-interval (None below two runs),
+    the mean RL wall time."""
+    out: dict[str, Any] = {}
+    for arm, runs in arms.items():
+        acc = interval([r["final_accuracy"] for r in runs])
+        spread = acc is not None and len(runs) >= 2
+        out[arm] = {
+            "runs": len(runs),
+            "final_accuracy_mean": acc[0] if acc else None,
+            "final_accuracy_interval": [acc[1], acc[2]] if spread and acc else None,
+            "rl_wall_s_mean": sum(r["rl_wall_s"] for r in runs) / len(runs) if runs else None,
+        }
+    return out
+
+
 def verdict(arms: dict[str, list[dict[str, Any]]]) -> str:
     full = interval([r["final_accuracy"] for r in arms["full"]])
     lora = interval([r["final_accuracy"] for r in arms["lora"]])
@@ -145,7 +163,7 @@ def main() -> int:
             run_dir = args.work / f"{arm}-s{seed}"
             if (run_dir / "policy" / "rstar2.json").is_file():
                 arms[arm].append(run_record(seed, read_metrics(run_dir)))
-    result = {"arms": arms, "verdict": verdict(arms)}
+    result = {"arms": arms, "summary": summary(arms), "verdict": verdict(arms)}
     print_table(arms)
     print(result["verdict"])
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,9 @@ A LoRA policy that syncs adapters (`model.lora.sync: adapter`) pushes an `rstar2
 instead (the driver's `Policy.weights()`, or the ranks' `TrainGroup.adapter_sync`): every mover
 sends only it, cast to each engine's dtype, and each engine (`AdapterEngine`: vLLM with LoRA
 enabled, transformers through PEFT) makes it its current adapter (`push_adapter`);
-`bytes_moved` is the adapter's size in the engine's dtype, in one bucket.
+`bytes_moved` is the adapter's size in the engine's dtype, in one bucket. With
+`model.lora.sync: merged` a push is a full one: the driver's `Policy.weights()` and the ranks'
+stream (`gather.FullTensors`) are the base's tensors with the adapter merged, under its names.
 """
 
 from __future__ import annotations
