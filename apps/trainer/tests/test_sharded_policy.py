@@ -4,7 +4,7 @@
   micro-batches) gives the loss, gradient norm, metrics and weights of one forward and backward
   over the whole batch (`_reference`, written out here); `DriverPolicy` with several
   mini-batches computes old logprobs, so the clip acts;
-- slow: two gloo ranks as Ray actors (`worker_policy.ShardedPolicy`) take that same step, and the
+- slow: two gloo ranks as Ray actors (`sharded_policy.ShardedPolicy`) take that same step, and the
   engine that then receives rank 0's weights generates what transformers does with them; with
   mini-batches and epochs they compute the old logprobs and take the driver's PPO-style steps;
 - slow: `rstar2-train` in cluster mode with `cluster.train_workers=2` runs SFT and
