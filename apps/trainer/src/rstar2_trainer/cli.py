@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_sandbox import SandboxStartError
     from rstar2_trainer.placement.cluster import ClusterError
     from rstar2_trainer.placement.engines import EngineError
+    from rstar2_trainer.restarts import run
     from rstar2_trainer.rundir.logs import quiet
     from rstar2_trainer.rundir.manifest import CheckpointError
-    from rstar2_trainer.train import run
     from rstar2_trainer.training.train_workers import RankError
 
     try:

@@ -20,13 +20,14 @@ A task's exception raised inside a Ray actor arrives wrapped (`RayTaskError`); i
 is judged. Not restartable: a checkpoint the disk refused (`CheckpointError`: a restart would
 fill the same disk), a service that could not start (a port in use), a config or data mistake,
 a preemption, Ctrl-C, and anything else (most likely a bug, which a restart would repeat).
-`plan_restart` decides for train.py's loop: a restartable failure, restarts left
+`plan_restart` decides for the restart loop (restarts.py): a restartable failure, restarts left
 (`run.max_restarts`), no SIGTERM pending, and a checkpoint to resume from (before checkpoint 0
 a restart would redo SFT, as `--resume` does: the run ends instead); it records the restart
 (`restart` in metrics.jsonl: reason, failed and resumed step, `steps_lost`, the RL steps that
 will run again) and prints one line. Not covered here: noticing a rank that hangs without failing (a collective's own timeout raises
 one of the errors above), and restarting one part while the others go on (services restart
-themselves: placement/servers.py, rstar2-sandbox's `ChildSandbox`).
+themselves: placement/servers.py, rstar2-sandbox's `ChildSandbox`; split placement's engine
+actors too: placement/ray_engine.py).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def restart_reason(exc: BaseException) -> str | None:
 
 @dataclass
 class Control:
-    """What outlives an attempt of the run (train.py): SIGTERM, the RL step reached, the
+    """What outlives an attempt of the run (restarts.py): SIGTERM, the RL step reached, the
     restarts so far."""
 
     preemption: Preemption = field(default_factory=lambda: Preemption(300.0))  # not installed

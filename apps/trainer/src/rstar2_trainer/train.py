@@ -10,7 +10,7 @@
     finish      the trained policy as a Hugging Face folder (RUN_DIR/policy), the final table, plots
 
 The policy is a `policy.Policy`, chosen once: in the driver, or on `cluster.train_workers`
-FSDP2 ranks (`worker_policy`; the driver then loads no model). It owns the weights from the
+FSDP2 ranks (`sharded_policy`; the driver then loads no model). It owns the weights from the
 start: it trains SFT and RL and writes the policy folder. The weights move through the
 placement's mover (`parts.mover`, placement/weights.py), the one owner of sleep, training-state
 moves and pushes: `mover.sleep()` before anything that trains or runs collectives on the
@@ -61,14 +61,12 @@ or corrupt, with one line) and the trackers drop or hold back what was logged af
 derives from (run seed, step, ...) so a resumed run draws the batches the uninterrupted run would.
 
 Faults (docs/LAUNCH.md, "When something fails"): child services restart themselves (each step
-logs `service_restarts`, `calls_retried`); a failure faults.py calls restartable restarts the
-run from its newest good checkpoint as `--resume` would (`run.max_restarts`, a `restart` record);
-SIGTERM stops it at the end of its step with a checkpoint (preempt.py).
+logs `service_restarts`, `calls_retried`); the run's restarts from its newest good checkpoint
+(`run.max_restarts`) and SIGTERM wrap this module (restarts.py, one `train_attempt` each).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
@@ -78,7 +76,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from rstar2_algos import build_algorithm
 from rstar2_curriculum import Curriculum, Problem, StepMetrics, write_jsonl
@@ -92,17 +89,17 @@ from rstar2_rollout import (
 )
 from rstar2_rollout.chat import encode_conversation
 from rstar2_trainer.config import TrainerConfig
-from rstar2_trainer.data import RunData, load_run_data
+from rstar2_trainer.data import RunData
 from rstar2_trainer.evaluate import held_out_problems, measure_accuracy
-from rstar2_trainer.faults import Control, plan_restart
+from rstar2_trainer.faults import Control
 from rstar2_trainer.hard import hard_subset_pass
 from rstar2_trainer.origin import copy_model_dir, origin_checkpoint
 from rstar2_trainer.placement.cluster import open_cluster_parts
 from rstar2_trainer.placement.local import Parts, open_parts
-from rstar2_trainer.preempt import Preempted, Preemption
+from rstar2_trainer.preempt import Preempted
 from rstar2_trainer.rundir import report
-from rstar2_trainer.rundir.checkpoint import GoodCheckpoint, load_checkpoint, newest_good
-from rstar2_trainer.rundir.tracking import MetricsLog, open_trackers, plot_records
+from rstar2_trainer.rundir.checkpoint import GoodCheckpoint, load_checkpoint
+from rstar2_trainer.rundir.tracking import MetricsLog
 from rstar2_trainer.sampling import rollout_config_for
 from rstar2_trainer.stats import group_stats, tool_error_ratio, trajectory_stats
 from rstar2_trainer.training.policy import Policy, open_policy
@@ -152,62 +149,7 @@ class Run:
         return self.run_dir / "checkpoints"
 
 
-async def train(
-    config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None
-) -> Path:
-    """The run; after a failure it can recover from, again from the newest good checkpoint
-    (`run.max_restarts`); `Preempted` after a SIGTERM."""
-    torch.set_num_threads(config.run.torch_threads)
-    control = Control(Preemption.install(config.run.preempt_grace_s))
-    try:
-        while True:
-            try:
-                await attempt(config, run_dir, resume, data, control)
-                return run_dir
-            except asyncio.CancelledError:
-                if not control.preemption.expired:
-                    raise
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                step = newest_good(run_dir / "checkpoints", checksums=False).step
-                raise Preempted(step, saved=False) from None
-            except Exception as exc:
-                if not plan_restart(control, exc, config, run_dir):
-                    raise
-                resume, data = True, None  # the data again: the curriculum object was used
-    finally:
-        control.preemption.uninstall()
-
-
-async def attempt(
-    config: TrainerConfig, run_dir: Path, resume: bool, data: RunData | None, control: Control
-) -> None:
-    """One attempt of the run: a new start, or the newest good checkpoint restored."""
-    if data is None:
-        data = load_run_data(config, resume=resume)
-    good = newest_good(run_dir / "checkpoints") if resume else GoodCheckpoint(None, None)
-    for line in good.skipped:
-        report.console.print(line)
-    # The trackers continue the tracked run of the checkpoint: what was logged past it belongs
-    # to the step being redone and goes; with no checkpoint yet the run starts over, and so do
-    # its tracked runs (tracking.py).
-    log = open_trackers(run_dir, config.run, config.model_dump(mode="json"), resume=good.step)
-    if control.restart is not None:
-        log.log("restart", good.step or 0, control.restart)
-        control.restart = None
-    ok = False
-    try:
-        await _train(config, run_dir, log, good, data, control)
-        if config.run.plots:
-            for path in report.draw_plots(run_dir, plot_records(run_dir, log)):
-                log.log_artifact(path)
-        ok = True
-    finally:
-        log.close(ok)
-
-
-async def _train(
+async def train_attempt(
     config: TrainerConfig,
     run_dir: Path,
     log: MetricsLog,
@@ -215,6 +157,8 @@ async def _train(
     data: RunData,
     control: Control,
 ) -> None:
+    """One attempt of the run (restarts.py calls it): the parts opened, a new start or `good`
+    restored, the RL steps, the export and the final table; every part closed however it ends."""
     problems = data.prepared.problems
     curriculum = data.prepared.curriculum
     held_out = []
@@ -635,7 +579,3 @@ async def run_sft(run: Run, traces: list) -> None:
 def _pad_id(tokenizer: Any) -> int:
     pad = tokenizer.pad_token_id
     return int(pad if pad is not None else tokenizer.eos_token_id)
-
-
-def run(config: TrainerConfig, run_dir: Path, *, resume: bool, data: RunData | None = None) -> Path:
-    return asyncio.run(train(config, run_dir, resume=resume, data=data))

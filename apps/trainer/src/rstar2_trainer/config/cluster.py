@@ -107,6 +107,24 @@ class ClusterConfig(BaseModel):
         "is then dropped and the survivors are synced again, once.",
     )
 
+    engine_health_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Split placement: seconds between health checks of each engine actor.",
+    )
+    engine_health_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Split placement: an engine actor that does not answer a health check in "
+        "this many seconds hangs; it is killed and started again, its turns sent to the others.",
+    )
+    engine_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Split placement: times each engine actor is started again after it died "
+        "or hung (then it is dropped and the run goes on with the others).",
+    )
+
     @model_validator(mode="after")
     def _sandbox_fits_its_workers(self) -> ClusterConfig:
         if self.sandbox_max_in_flight is not None:  # the sandbox's own rule, said at load

@@ -10,7 +10,8 @@ of their own. A push:
                 between GPUs) that the live engine actors join as ranks 1..E
                 (`rstar2_rollout.weight_channel`). Built at the first push and KEPT: later
                 pushes reuse it (slime builds its group once). It is rebuilt only when the
-                engines it was built for changed (one was dropped) or a push over it failed.
+                engines it was built for changed (one was dropped, or its actor was started
+                again: ray_engine.py) or a push over it failed.
     send        every rank gathers each tensor cast to the engines' dtype (`gather.FullTensors`),
                 rank 0 broadcasts `bucket_bytes` buckets, each engine actor loads them
                 (`receive_weights`); the engines' weights are woken before, their KV cache after
@@ -116,7 +117,7 @@ class ChannelMover:
 
     async def _open(self, targets: list[Any]) -> _Channel:
         """The kept channel when it serves exactly `targets`, else a new one."""
-        names = [e.name for e in targets]
+        names = [f"{e.name}.{getattr(_inner(e), 'incarnation', 0)}" for e in targets]
         if self._channel is not None and self._channel.members == names:
             return self._channel
         await self._close()

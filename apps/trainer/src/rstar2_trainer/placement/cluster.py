@@ -18,7 +18,10 @@ the trainer's loop does not change. Two placements of engines and training ranks
   ranks, `channel.ChannelMover` (a weight channel rank 0 keeps open from sync to sync); with
   the driver training, `TensorMover` (one object-store copy of the driver's weights per
   version, `ray_engine.WeightPublisher`).
-- `RayEngine` (ray_engine.py) is the driver's face of one engine actor.
+- `RayEngine` (ray_engine.py) is the driver's face of one engine actor. In split placement it
+  checks its actor's health (`cluster.engine_health_interval_s`, `engine_health_timeout_s`) and
+  starts a dead or hung one again with the current weights (`cluster.engine_restarts`), its
+  turns sent to the other engines meanwhile.
 - Each actor builds its engine with rstar2-rollout's `build_engine` from `config.engine_for`: the
   recipe's `engine` section, with the policy's folder, context, seed, tensor parallelism and sleep
   mode filled in where the recipe leaves them unset.
@@ -51,7 +54,7 @@ from rstar2_trainer.placement.colocated import start_colocated
 from rstar2_trainer.placement.engines import Engines
 from rstar2_trainer.placement.local import Parts, load_model, local_source, prepare_model_dir
 from rstar2_trainer.placement.ranks import start_train_group
-from rstar2_trainer.placement.ray_engine import RayEngine, WeightPublisher
+from rstar2_trainer.placement.ray_engine import EngineHealth, RayEngine, WeightPublisher
 from rstar2_trainer.placement.servers import RunToken
 from rstar2_trainer.placement.weights import ColocatedMover, TensorMover, WeightMover
 from rstar2_trainer.training.train_workers import TrainGroup
@@ -186,7 +189,7 @@ async def start_engines(
     ray = _ray()
     _check_engine_support(cluster)
     publisher = WeightPublisher()
-    actors, names = [], []
+    actors, names, spawns = [], [], []
     for n, node in enumerate(engine_nodes(cluster)):
         for i in range(cluster.engines_per_node):
             name = f"{config.engine.kind}-{n}-{i}"
@@ -196,19 +199,20 @@ async def start_engines(
                 tensor_parallel_size=max(1, cluster.gpus_per_engine),
                 enable_sleep_mode=cluster.colocate,
             )
-            actor = (
-                ray.remote(EngineActor)
-                .options(
-                    num_cpus=cluster.cpus_per_engine,
-                    num_gpus=cluster.gpus_per_engine,
-                    scheduling_strategy=_on_node(node["NodeID"]),
-                    # OpenMP and torch must agree: vLLM's CPU attention checks that they do.
-                    runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cluster.engine_threads)}},
-                )
-                .remote(engine, name, cluster.engine_threads)
+            options = ray.remote(EngineActor).options(
+                num_cpus=cluster.cpus_per_engine,
+                num_gpus=cluster.gpus_per_engine,
+                scheduling_strategy=_on_node(node["NodeID"]),
+                # OpenMP and torch must agree: vLLM's CPU attention checks that they do.
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(cluster.engine_threads)}},
             )
-            actors.append(actor)
+
+            def spawn(options: Any = options, engine: Any = engine, name: str = name) -> Any:
+                return options.remote(engine, name, cluster.engine_threads)
+
+            actors.append(spawn())
             names.append(name)
+            spawns.append(spawn)
     try:
         capacities = await asyncio.wait_for(
             asyncio.gather(*(a.kv_capacity.remote() for a in actors)), cluster.start_timeout_s
@@ -225,8 +229,18 @@ async def start_engines(
         RayEngine(a, name, cap, publisher, report)
         for a, name, cap, report in zip(actors, names, capacities, reports, strict=True)
     ]
-    for engine, sleeps in zip(engines, can_sleep, strict=True):
+    health = EngineHealth(
+        interval_s=cluster.engine_health_interval_s,
+        timeout_s=cluster.engine_health_timeout_s,
+        max_restarts=cluster.engine_restarts,
+        start_timeout_s=cluster.start_timeout_s,
+    )
+    for engine, sleeps, spawn in zip(engines, can_sleep, spawns, strict=True):
         engine.can_sleep = sleeps
+        if not cluster.colocate:  # split: engines come back (ray_engine.py)
+            engine.spawn, engine.health = spawn, health
+            engine.siblings = [e for e in engines if e is not engine]
+            await engine.start_watch()
     return engines
 
 

@@ -84,6 +84,12 @@ class EngineActor:
     def kv_capacity(self) -> KVCapacity | None:
         return self._engine.kv_capacity()
 
+    def pid(self) -> int:
+        """This actor's process id (the driver kills a hung engine by it)."""
+        import os
+
+        return os.getpid()
+
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> tuple[Generation, KVCapacity | None, EngineProgress | None]:

@@ -21,7 +21,9 @@ its process with a training rank, so the colocated mover stops the run (`RankErr
 Tested without Ray's cluster in tests/test_placement.py (an engine whose calls raise Ray's
 actor error); on real actors in tests/test_split_sync.py and tests/test_gpu_rules.py.
 
-Not covered: replacing a dropped engine (the run continues with fewer).
+Split placement's engine actors come back instead of being dropped (ray_engine.py: health
+checks, a new actor with the current weights, their turns sent to the others meanwhile); an
+engine is dropped once it has no restart left. Not covered: replacing a dropped engine.
 """
 
 from __future__ import annotations
@@ -92,7 +94,12 @@ class Engines(Sequence[Any]):
         return found
 
     def drop(self, engine: Any, exc: BaseException) -> None:
-        """Stop using `engine`, whose process died (`exc`)."""
+        """Stop using `engine`, whose process died (`exc`); an engine that comes back
+        (ray_engine.py: a `spawn` and restarts left) is brought back instead."""
+        inner = _inner(engine)
+        if getattr(inner, "can_come_back", lambda: False)():
+            inner.lost(inner.actor, exc)
+            return
         self.dropped.append(engine.name)
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("engine %s dropped: %s", engine.name, why)

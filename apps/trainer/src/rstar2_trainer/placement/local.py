@@ -91,11 +91,18 @@ class Parts:
             )
 
     def service_counts(self) -> dict[str, int]:
-        """Since the start: restarts of the child services, and calls sent more than once."""
+        """Since the start: restarts of the child services, calls sent more than once, engine
+        actors started again and the turns sent to another engine (ray_engine.py)."""
         restarts = sum(s.restarts_done for s in self.servers)
         restarts += int(getattr(self.sandbox, "restarts", 0))
         retried = int(getattr(self.sandbox, "retried", 0)) + self.scorer.verifier.retried
-        return {"service_restarts": restarts, "calls_retried": retried}
+        inner = [getattr(e, "inner", e) for e in self.engines]
+        return {
+            "service_restarts": restarts,
+            "calls_retried": retried,
+            "engine_restarts": sum(int(getattr(e, "restarts", 0)) for e in inner),
+            "turns_moved": sum(int(getattr(e, "turns_moved", 0)) for e in inner),
+        }
 
 
 def local_source(

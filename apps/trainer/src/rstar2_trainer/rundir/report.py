@@ -119,11 +119,16 @@ def step_line(step: int, stage: str, m: Mapping[str, Any]) -> None:
 
 
 def services_note(m: Mapping[str, Any]) -> str:
-    """The step line's tail when the step restarted a service or resent a call, else ""."""
+    """The step line's tail when the step restarted a service or an engine, or resent a call
+    or a turn, else ""."""
     restarts, resent = m.get("service_restarts", 0), m.get("calls_retried", 0)
-    if not restarts and not resent:
-        return ""
-    return f" | services: {restarts} restart{'s' * (restarts != 1)}, {resent} calls resent"
+    note = ""
+    if restarts or resent:
+        note = f" | services: {restarts} restart{'s' * (restarts != 1)}, {resent} calls resent"
+    engines, moved = m.get("engine_restarts", 0), m.get("turns_moved", 0)
+    if engines or moved:
+        note += f" | engines: {engines} restart{'s' * (engines != 1)}, {moved} turns moved"
+    return note
 
 
 TABLE_TITLE = "Held-out evaluation (benchmarks: avg@k)"
