@@ -59,10 +59,15 @@ class _Worker:
         self._closing = threading.Lock()
 
     def wait_ready(self) -> bool:
+        """Wait for the worker's "ready"; False when it does not come within the start timeout
+        or the pool closed the connection meanwhile. Short polls, so that a connection another
+        thread closed is seen within 0.2 s: a poll in progress is not woken by that close."""
         if not self.ready:
+            deadline = time.monotonic() + _START_TIMEOUT_S
             try:
-                if not self.conn.poll(_START_TIMEOUT_S):
-                    return False
+                while not self.conn.poll(0.2):
+                    if self.conn.closed or time.monotonic() > deadline:
+                        return False
                 self.ready = self.conn.recv() == "ready"
             except (EOFError, OSError):
                 return False
