@@ -1229,3 +1229,14 @@ def test_a_seeded_request_samples_the_same_tokens_alone_or_in_a_batch(runner, en
     batch = runner.run(crowded())
     assert batch[-1].token_ids == alone.token_ids
     assert len({tuple(g.token_ids) for g in batch}) > 1  # different seeds, different draws
+
+
+def test_a_split_engine_receives_the_weight_channel_on_its_own_gpu():
+    """A weight channel's receiver allocates on its engine's GPU (a visible index): plain
+    "cuda" is device 0 where Ray leaves every GPU visible, often training rank 0's, and NCCL
+    refuses two ranks of one group on one device."""
+    from rstar2_trainer.placement.engine_actor import channel_device
+
+    assert channel_device("nccl", [5, 6]) == "cuda:5"
+    assert channel_device("nccl", [0]) == "cuda:0"
+    assert channel_device("gloo", [5]) == "cpu"

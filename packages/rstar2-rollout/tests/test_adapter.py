@@ -75,3 +75,18 @@ def test_vllm_lora_sizes_follow_its_rules():
     # down 128+64; two adapters, 2 bytes
     per_rank = 128 + 96 + 96 + 128 + 192 + 192 + 192
     assert lora_buffer_bytes(hf, 5) == 3 * 8 * per_rank * 2 * 2
+
+
+def test_adapter_versions_go_to_shared_memory_only_where_three_fit(tmp_path, monkeypatch):
+    """vLLM loads an adapter from a folder; /dev/shm keeps that in memory, but a container's is
+    often 64 MB, and two versions live plus one being written must fit."""
+    import shutil
+    from collections import namedtuple
+
+    from rstar2_rollout.engines._lora import adapter_dir_base
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 << 20, 0, 64 << 20))
+    assert adapter_dir_base(tmp_path, 20 << 20) == str(tmp_path)  # 3 x 20 MB fit in 64 MB
+    assert adapter_dir_base(tmp_path, 257 << 20) is None  # a 14B rank-32 adapter: the temp dir
+    assert adapter_dir_base(tmp_path / "absent", 1) is None

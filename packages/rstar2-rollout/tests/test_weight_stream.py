@@ -225,3 +225,43 @@ def test_a_bf16_engine_loads_buckets_exactly_and_serves_the_new_weights(tiny_mod
         assert torch.equal(loaded[f"{prefix}.self_attn.qkv_proj.weight"], qkv.to(torch.bfloat16))
         down = new[f"{prefix}.mlp.down_proj.weight"].to(torch.bfloat16)
         assert torch.equal(loaded[f"{prefix}.mlp.down_proj.weight"], down)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_the_engine_thread_selects_the_device_the_engine_was_built_on(
+    tiny_model, tokenizer, monkeypatch
+):
+    """vLLM selects its GPU on the thread that builds the engine only; where Ray leaves every
+    GPU visible the engine thread would step on device 0. The engine records the index it was
+    built on and its thread selects it before its first step (the index stood in for here: the
+    CPU has none)."""
+    import threading
+
+    from rstar2_rollout.engines import vllm as vllm_engine
+
+    selected: list[tuple[int, str]] = []
+    monkeypatch.setattr(vllm_engine, "_engine_device", lambda on_cpu: 3)
+    monkeypatch.setattr(
+        vllm_engine,
+        "_select_device",
+        lambda index: selected.append((index, threading.current_thread().name)),
+    )
+    config = VLLMEngineConfig(
+        model=str(tiny_model), dtype="float32", kv_cache_memory_bytes=32 << 20, max_model_len=256
+    )
+    prompt = tokenizer("Find 7! mod 11.")["input_ids"]
+
+    async def scenario():
+        engine = vllm_engine.VLLMEngine(config, name="dev")
+        try:
+            return await engine.generate(prompt, SamplingParams(max_tokens=2), "one")
+        finally:
+            await engine.close()
+
+    out = asyncio.run(scenario())
+    assert len(out.token_ids) == 2
+    assert selected == [(3, "dev-steps")]

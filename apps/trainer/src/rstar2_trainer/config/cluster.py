@@ -104,7 +104,8 @@ class ClusterConfig(BaseModel):
         gt=0,
         description="Split placement: a weight sync's channel (its group's set-up and every "
         "bucket's collective) gives up after this many seconds; an engine that died in the sync "
-        "is then dropped and the survivors are synced again, once.",
+        "is then dropped and the survivors are synced again, once (gloo; over NCCL torch tears "
+        "rank 0's process down and the run restarts from its checkpoint, run.max_restarts).",
     )
 
     engine_health_interval_s: float = Field(

