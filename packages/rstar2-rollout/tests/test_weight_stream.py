@@ -208,9 +208,12 @@ def test_a_bf16_engine_loads_buckets_exactly_and_serves_the_new_weights(tiny_mod
             ):
                 await engine.load_weights(bucket)
             await engine.finish_weights()
-            loaded = engine._engine.collective_rpc(_params)[0]
             after = await engine.generate(prompt, params, "after")
-            return eager, before, await during, after, loaded
+            done = await during
+            # On the engine thread, between steps: the read runs the model's own kernels, which
+            # must not run beside a step (vLLM's CPU kernels abort when two threads share them).
+            loaded = await engine._call(lambda: engine._engine.collective_rpc(_params)[0])
+            return eager, before, done, after, loaded
         finally:
             await engine.close()
 
