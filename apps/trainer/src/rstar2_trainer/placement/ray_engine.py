@@ -23,7 +23,7 @@ turns the lost actor was running fail with the actor error and are sent again, w
 sibling engine that is serving (`siblings`), or to this engine once it is back: the agent loop
 above never sees the failure, so no trajectory fails and no turn is scored as the model's.
 Counted: `restarts` (actors started again) and `turns_moved` (turns sent again). After
-`max_restarts` restarts the engine is gone (`alive` False): `Engines` drops it as before.
+`max_restarts` restarts the engine is gone (`alive` False) and `Engines` drops it.
 
 When every engine waits for the weights of a push (split channel, all lost in one rollout) the
 turns fail as the system's ("error", never the model's) instead of waiting for a push that waits

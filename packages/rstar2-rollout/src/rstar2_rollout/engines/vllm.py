@@ -229,10 +229,7 @@ class VLLMEngine(StreamingUpdates, AdapterUpdates):
         self._stopped = False  # the engine thread has exited
         self._closed = False
         self._torch_threads = threads  # set again on the engine thread (`_run`)
-        # vLLM selects its device on the thread that built the engine only; the engine thread
-        # selects the same one (`_run`), or vLLM's streams and sleep land on device 0 where Ray
-        # leaves every GPU visible.
-        self._device_index = _engine_device(on_cpu)
+        self._device_index = _engine_device(on_cpu)  # selected again on the engine thread
         self._init_adapters()
         self._thread = threading.Thread(target=self._run, name=f"{name}-steps", daemon=True)
         self._thread.start()
@@ -589,13 +586,12 @@ def _generation(output: Any, version: int) -> Generation:
 
 
 def _engine_device(on_cpu: bool) -> int | None:
-    """The accelerator index the engine was built on (vLLM's worker selected it on this
-    thread); None on the CPU."""
-    if on_cpu:
-        return None
+    """The accelerator index the engine was built on, None on the CPU. vLLM selects it on the
+    building thread only; unselected, the engine thread would step on device 0 where Ray leaves
+    every GPU visible."""
     import torch
 
-    return torch.accelerator.current_device_index()
+    return None if on_cpu else torch.accelerator.current_device_index()
 
 
 def _select_device(index: int) -> None:
