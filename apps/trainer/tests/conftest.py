@@ -10,8 +10,9 @@ scoring of the same tokens (`TrainGroup.with_old_logprobs`), within a bf16 toler
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,21 @@ class TinyOnRay:
             ray.shutdown()
 
     @staticmethod
+    @contextlib.contextmanager
+    def recording() -> Iterator[None]:
+        """Colocated runs started inside use `recording_worker_class()`'s actors."""
+        from rstar2_trainer.placement import colocated
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(colocated, "ColocatedTrainWorker", recording_worker_class())
+            yield
+
+    @staticmethod
+    async def events(group: Any) -> list[list[str]]:
+        """Each recording rank's calls since the last look, in order."""
+        return list(await group._on_all("take_events"))
+
+    @staticmethod
     async def greedy(engine: Any, prompt: list[int], request_id: str) -> tuple[list[int], list]:
         """The engine's greedy tokens for `prompt` and their logprobs (at temperature 0 vLLM's
         are the raw logits' log-softmax)."""
@@ -189,3 +205,93 @@ def small_disk(tmp_path):
     yield mount
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def recording_worker_class() -> type:
+    """A `ColocatedTrainWorker` that keeps the order of its calls and counts the turns its
+    engine answered while asleep. Made inside a function so Ray ships the class by value to its
+    actors (the tests folder is not importable there)."""
+    from rstar2_trainer.placement.colocated import ColocatedTrainWorker
+
+    class RecordingColocatedWorker(ColocatedTrainWorker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.events: list[str] = []
+            self.answered = 0  # generate calls this rank's engine answered
+            self.answered_asleep = 0  # ... between a sleep and the next wake: held, so none
+            self._asleep = False
+
+        async def generate(self, *args: Any) -> Any:
+            out = await super().generate(*args)
+            self.answered += 1
+            self.answered_asleep += self._asleep
+            return out
+
+        async def sleep(self, level: int = 1) -> None:
+            self.events.append("sleep")
+            await super().sleep(level)
+            self._asleep = True
+
+        async def wake_up(self, tags: list[str] | None = None) -> bool:
+            self.events.append("wake:" + ",".join(tags or ["all"]))
+            self._asleep = False
+            return await super().wake_up(tags)
+
+        async def push(self, bucket_bytes: int) -> dict[str, float]:
+            self.events.append("push")
+            return await super().push(bucket_bytes)
+
+        async def push_adapter(self) -> dict[str, float]:
+            self.events.append("push")
+            return await super().push_adapter()
+
+        def step(self, *args: Any, **kwargs: Any) -> Any:
+            self.events.append("train")
+            return super().step(*args, **kwargs)
+
+        def offload(self, part: Any = None) -> dict[str, float]:
+            self.events.append("offload" if part is None else f"offload:{part}")
+            return super().offload(part)
+
+        def onload(self) -> dict[str, float]:
+            self.events.append("onload")
+            return super().onload()
+
+        def take_events(self) -> list[str]:
+            events, self.events = self.events, []
+            return events
+
+    return RecordingColocatedWorker
+
+
+@pytest.fixture
+def recording_worker() -> type:
+    """`recording_worker_class()`, for a colocated rank made in this process."""
+    return recording_worker_class()
+
+
+def _descendants(root: int, needle: str) -> list[int]:
+    """The processes below `root` whose command line (or title) holds `needle`, by pid."""
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in map(int, children):
+            try:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            except FileNotFoundError:
+                continue
+            if needle.encode() in argv:
+                found.append(child)
+            frontier.append(child)
+    return sorted(found)
+
+
+@pytest.fixture
+def descendants() -> Callable[[int, str], list[int]]:
+    """`descendants(pid, needle)`: the processes below `pid` whose command line holds `needle`
+    (a run's servers and Ray actors, to kill one by pid)."""
+    return _descendants

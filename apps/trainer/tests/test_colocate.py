@@ -61,7 +61,7 @@ async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> lis
         async with open_policy(
             config, parts.model, parts.model_dir, precision, pad_id=0, group=group
         ) as policy:
-            await group.events()  # forget start-up
+            await tiny_on_ray.events(group)  # forget start-up
             for step in range(2):
                 before = await parts.engines[0].generate(prompts[0], greedy, f"before-{step}")
                 kept, advantages = [], []
@@ -76,7 +76,7 @@ async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> lis
                     kept, torch.tensor(advantages), lr=0.05, temperature=1.0
                 )
                 sync = (await mover.push(policy.weights())).as_metrics()
-                events = await group.events()
+                events = await tiny_on_ray.events(group)
                 after = await parts.engines[0].generate(prompts[0], greedy, f"after-{step}")
                 checks = []
                 for k, engine in enumerate(parts.engines):
@@ -88,7 +88,7 @@ async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> lis
                 ]
                 state = dict(await group.full_state())
                 await mover.push(policy.weights())
-                await group.events()  # forget the check's calls
+                await tiny_on_ray.events(group)  # forget the check's calls
                 records.append(
                     {
                         "events": events,
@@ -106,7 +106,8 @@ async def scenario(config: TrainerConfig, run_dir: Any, tiny_on_ray: Any) -> lis
 
 def test_colocated_ranks_step_offload_sync_and_wake(tmp_path, tiny_on_ray):
     config = tiny_on_ray.config(COLOCATED)
-    records = tiny_on_ray.run(config, lambda c, d: scenario(c, d, tiny_on_ray), tmp_path)
+    with tiny_on_ray.recording():
+        records = tiny_on_ray.run(config, lambda c, d: scenario(c, d, tiny_on_ray), tmp_path)
 
     assert len(records) == 2
     for record in records:

@@ -230,15 +230,15 @@ def test_the_step_frees_gradients_so_an_offload_moves_12_bytes_a_parameter(model
 
 
 def test_the_optimizer_state_leaves_before_the_push_and_the_parameters_after(
-    model_dir: Path,
+    model_dir: Path, recording_worker: type
 ) -> None:
     """A colocated rank with its (transformers) engine in this process: the push runs with the
     AdamW moments already in host memory and the parameters still on the device."""
-    from rstar2_trainer.placement.colocated import ColocatedGroup, ColocatedTrainWorker
+    from rstar2_trainer.placement.colocated import ColocatedGroup
 
     config = load_config("tiny", [*COLOCATED_CPU, "engine={kind: hf}"])
     engine_config = config.engine_for(str(model_dir), replica=0)
-    with one_rank(model_dir, ColocatedTrainWorker) as worker:
+    with one_rank(model_dir, recording_worker) as worker:
         worker.start_engine(engine_config, "hf-rank0", 1)
         try:
             group = ColocatedGroup.in_process(worker)

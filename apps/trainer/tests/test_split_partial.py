@@ -165,7 +165,8 @@ def test_split_placement_generates_while_the_ranks_train(record, tiny_on_ray):
 def colocated(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = tiny_on_ray.config(COLOCATED, engine=ENGINE)
     run = lambda c, d: scenario(c, d, tiny_on_ray)  # noqa: E731
-    return tiny_on_ray.run(config, run, tmp_path_factory.mktemp("colocated-partial"))
+    with tiny_on_ray.recording():  # the actors count the turns answered while asleep
+        return tiny_on_ray.run(config, run, tmp_path_factory.mktemp("colocated-partial"))
 
 
 def test_colocated_engines_sleep_through_the_update_and_carry_groups(colocated, tiny_on_ray):

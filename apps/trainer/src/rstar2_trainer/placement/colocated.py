@@ -25,8 +25,7 @@ which is how verl runs vLLM beside FSDP. One step, per GPU, as the colocated wei
 A checkpoint save and the export run between a sleep and a push too (the loop asks the mover),
 so their collectives always find the state on the device. `RayEngine` (ray_engine.py) is the
 driver's face of each actor's engine; `ColocatedGroup` is the training side (a `TrainGroup`
-over the same actors) plus `push`. Each actor keeps the order of these calls (`events`) so a
-test can check it on real actors. A colocated engine that dies takes its rank with it: the
+over the same actors) plus `push`. A colocated engine that dies takes its rank with it: the
 mover stops the run with `train_workers.RankError` naming the rank.
 
 Not covered: engines with tensor parallelism across ranks (refused by the config), sleep and
@@ -52,7 +51,6 @@ from rstar2_rollout import (
 from rstar2_trainer.placement.engine_actor import EngineActor
 from rstar2_trainer.placement.weights import stream_weights
 from rstar2_trainer.training.gather import FullTensors
-from rstar2_trainer.training.offload import Part
 from rstar2_trainer.training.train_workers import TrainGroup, TrainWorker
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "bfloat16"}
@@ -65,10 +63,6 @@ class ColocatedTrainWorker(TrainWorker):
         super().__init__(rank, world_size, threads)
         self._engine_actor: EngineActor | None = None
         self.engine_dtype = "bfloat16"
-        self.events: list[str] = []
-        self.answered = 0  # generate calls this rank's engine answered
-        self.answered_asleep = 0  # ... between a sleep and the next wake: held, so none
-        self._asleep = False
 
     # -- the engine, built after the rank joined its world
     def start_engine(
@@ -106,22 +100,15 @@ class ColocatedTrainWorker(TrainWorker):
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str
     ) -> tuple[Generation, KVCapacity | None, EngineProgress | None]:
-        out = await self.engine.generate(prompt_ids, params, request_id)
-        self.answered += 1
-        self.answered_asleep += self._asleep
-        return out
+        return await self.engine.generate(prompt_ids, params, request_id)
 
     def can_sleep(self) -> bool:
         return self.engine.can_sleep()
 
     async def sleep(self, level: int = 1) -> None:
-        self.events.append("sleep")
         await self.engine.sleep(level)  # after the turns submitted before it are answered
-        self._asleep = True
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
-        self.events.append("wake:" + ",".join(tags or ["all"]))
-        self._asleep = False
         return await self.engine.wake_up(tags)
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> float:
@@ -137,7 +124,6 @@ class ColocatedTrainWorker(TrainWorker):
 
         from rstar2_trainer.training.lora import as_adapter
 
-        self.events.append("push")
         self._on_device("push", optimizer=False)
         start = time.perf_counter()
         adapter = as_adapter(self.model, getattr(torch, self.engine_dtype), self.model_dir)
@@ -150,16 +136,11 @@ class ColocatedTrainWorker(TrainWorker):
         }
 
     # -- the training side's part of a colocated step
-    def step(self, *args: Any, **kwargs: Any) -> Any:
-        self.events.append("train")
-        return super().step(*args, **kwargs)
-
     async def push(self, bucket_bytes: int) -> dict[str, float]:
         """Every parameter, cast to the engine's dtype and all-gathered, into this rank's engine
         in buckets of at most `bucket_bytes` (a collective: every rank calls it at once). The
         engine reads the stream lazily: the stream gathers one full tensor at a time, and the engine
         holds at most one bucket of them (`bucket_bytes`, or one larger tensor) beside the shards."""
-        self.events.append("push")
         self._on_device("push", optimizer=False)
         start = time.perf_counter()
         stream = FullTensors(self.model, self.engine_dtype)
@@ -176,18 +157,6 @@ class ColocatedTrainWorker(TrainWorker):
             "gathered_bytes": float(stream.gathered_bytes),
             "seconds": time.perf_counter() - start,
         }
-
-    def offload(self, part: Part | None = None) -> dict[str, float]:
-        self.events.append("offload" if part is None else f"offload:{part}")
-        return super().offload(part)
-
-    def onload(self) -> dict[str, float]:
-        self.events.append("onload")
-        return super().onload()
-
-    def take_events(self) -> list[str]:
-        events, self.events = self.events, []
-        return events
 
     async def close_engine(self) -> None:
         if self._engine_actor is not None:
@@ -217,10 +186,6 @@ class ColocatedGroup(TrainGroup):
         """Every rank's engine loads the LoRA adapter (ranks gather together); the slowest."""
         reports = await self._on_all("push_adapter")
         return {**reports[0], "seconds": max(r["seconds"] for r in reports)}
-
-    async def events(self) -> list[list[str]]:
-        """Each rank's calls since the last look, in order."""
-        return list(await self._on_all("take_events"))
 
 
 async def start_colocated(
