@@ -124,14 +124,6 @@ def _shard_os_error(exc: BaseException) -> OSError | None:
     return None
 
 
-def latest_sharded(root: Path) -> Path | None:
-    """The checkpoint folder `root/latest` points at, or None when there is none."""
-    pointer = root / "latest"
-    if not pointer.exists():
-        return None
-    return root / pointer.read_text().strip()
-
-
 def load_sharded(
     path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> dict[str, Any]:
