@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -71,28 +70,8 @@ PLACEMENTS = {
 STEPS = 5
 
 
-def _actor_pids(root: int, needle: str) -> list[int]:
-    """The processes below `root` whose title holds `needle`, by pid."""
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in map(int, children):
-            try:
-                argv = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            except FileNotFoundError:
-                continue
-            if needle.encode() in argv:
-                found.append(child)
-            frontier.append(child)
-    return sorted(found)
-
-
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
-def test_a_killed_rank_restarts_the_run_from_its_checkpoint(tmp_path, placement):
+def test_a_killed_rank_restarts_the_run_from_its_checkpoint(tmp_path, placement, descendants):
     pytest.importorskip("ray", reason="cluster mode needs the extra: uv sync --extra cluster")
     extra, needle = PLACEMENTS[placement]
     run_dir, log = tmp_path / "run", tmp_path / "log"
@@ -113,7 +92,7 @@ def test_a_killed_rank_restarts_the_run_from_its_checkpoint(tmp_path, placement)
             assert time.monotonic() < deadline, "timed out waiting for step 2"
             time.sleep(0.2)
         time.sleep(1.0)  # into step 3
-        pids = _actor_pids(proc.pid, needle)
+        pids = descendants(proc.pid, needle)
         assert len(pids) == 2, pids
         os.kill(pids[-1], signal.SIGKILL)
         proc.wait(2400)

@@ -105,26 +105,6 @@ def _wait(proc: subprocess.Popen, log: Path, ready: Callable[[], bool], timeout:
         time.sleep(0.2)
 
 
-def _descendant(pid: int, needle: str) -> int:
-    """The pid of the process below `pid` whose command line holds `needle`."""
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in map(int, children):
-            try:
-                argv = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            except FileNotFoundError:
-                continue
-            if needle.encode() in argv:
-                return child
-            frontier.append(child)
-    raise AssertionError(f"no process with {needle!r} below {pid}")
-
-
 def _same(got: list[dict], want: list[dict]) -> None:
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for a, b in zip(got, want, strict=True):
@@ -162,12 +142,12 @@ def reference(origin, tmp_path_factory) -> list[dict]:
 
 @pytest.mark.parametrize("server", ["rstar2_sandbox.cli serve", "rstar2-verify serve"])
 def test_a_killed_server_comes_back_and_the_run_goes_on_unchanged(
-    origin, reference, tmp_path, server
+    origin, reference, tmp_path, server, descendants
 ):
     run_dir, log = tmp_path / "run", tmp_path / "log"
     proc = _train(_args(origin, run_dir), log)
     _wait(proc, log, lambda: len(_rl(run_dir)) >= 2)
-    os.kill(_descendant(proc.pid, server), signal.SIGKILL)
+    os.kill(descendants(proc.pid, server)[0], signal.SIGKILL)
     out = _finish(proc, log)
     assert proc.returncode == 0, out[-3000:]
     steps = _rl(run_dir)
@@ -273,13 +253,15 @@ def test_a_corrupt_latest_is_skipped_and_the_resume_equals_the_run(origin, refer
     _same(_rl(run_dir), reference)
 
 
-def test_a_service_dead_for_good_restarts_the_run_from_its_checkpoint(origin, reference, tmp_path):
+def test_a_service_dead_for_good_restarts_the_run_from_its_checkpoint(
+    origin, reference, tmp_path, descendants
+):
     """No service restarts allowed: the dead verify server restarts the whole run instead."""
     run_dir, log = tmp_path / "run", tmp_path / "log"
     extra = ["run.service_restarts=0", "run.service_retry_s=2"]
     proc = _train(_args(origin, run_dir, *extra), log)
     _wait(proc, log, lambda: len(_rl(run_dir)) >= 2)
-    os.kill(_descendant(proc.pid, "rstar2-verify serve"), signal.SIGKILL)
+    os.kill(descendants(proc.pid, "rstar2-verify serve")[0], signal.SIGKILL)
     out = _finish(proc, log)
     assert proc.returncode == 0, out[-3000:]
     restarts = [r for r in read_metrics(run_dir) if r["phase"] == "restart"]
