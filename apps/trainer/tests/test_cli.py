@@ -172,7 +172,7 @@ def test_a_number_in_an_override_indexes_a_list():
             "sft.source.0.weight=0.5",
         ],
     )
-    assert config.curriculum.tiny.steps == (10, 5, 10)
+    assert config.curriculum.tiny.steps == (20, 5, 20)
     assert config.optim.betas == (0.8, 0.999)
     assert config.eval.sources == ["/data/aime.jsonl"]
     assert [(s.path, s.weight) for s in config.sft.source] == [("/data/sft.jsonl", 0.5)]
