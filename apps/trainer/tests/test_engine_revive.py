@@ -48,6 +48,8 @@ ENGINE = ["engine={kind: hf}"]
 PROMPT = [5, 40, 7, 300]
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, logprobs=False)
 LONG = SamplingParams(max_tokens=48, temperature=1.0, logprobs=False)
+# the killed burst must still be running when the kill lands, on a quiet or a loaded host
+LONGER = SamplingParams(max_tokens=256, temperature=1.0, logprobs=False, ignore_eos=True)
 
 
 def _state(pid: int) -> str:
@@ -58,17 +60,12 @@ def _state(pid: int) -> str:
         return ""
 
 
-async def _burst(engine: Any, tag: str, n: int = 6) -> list[Any]:
+async def _burst(engine: Any, tag: str, n: int = 6, params: SamplingParams = LONG) -> list[Any]:
     return list(
         await asyncio.gather(
-            *(engine.generate([5 + i, 40, 7, 300 + i], LONG, f"{tag}{i}") for i in range(n))
+            *(engine.generate([5 + i, 40, 7, 300 + i], params, f"{tag}{i}") for i in range(n))
         )
     )
-
-
-async def _stop_soon(pid: int, sig: int, delay: float) -> None:
-    await asyncio.sleep(delay)
-    os.kill(pid, sig)
 
 
 async def scenario(config: TrainerConfig, run_dir: Path) -> dict[str, Any]:
@@ -88,9 +85,11 @@ async def scenario(config: TrainerConfig, run_dir: Path) -> dict[str, Any]:
 
         assert first.pid is not None
         start = time.perf_counter()
-        kill = asyncio.ensure_future(_stop_soon(first.pid, signal.SIGKILL, 0.3))
-        out["killed_burst"] = await _burst(parts.engines[0], "k")
-        await kill
+        burst = asyncio.ensure_future(_burst(parts.engines[0], "k", params=LONGER))
+        await asyncio.sleep(0.3)
+        out["kill_in_burst"] = not burst.done()
+        os.kill(first.pid, signal.SIGKILL)
+        out["killed_burst"] = await burst
         out["killed_burst_s"] = time.perf_counter() - start
         await first.ready()
         out["first"] = {
@@ -128,6 +127,7 @@ def record(tiny_on_ray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
 def test_an_engine_killed_mid_turns_comes_back_with_the_current_weights(record):
     assert all(p is not None for p in record["pids"])  # actors on this host: killable by pid
     assert record["pushed"] != record["folder"]  # the push changed what the engines compute
+    assert record["kill_in_burst"]  # the kill landed while the burst's turns were running
     assert [g.finish_reason for g in record["killed_burst"]].count("error") == 0
     assert all(len(g.token_ids) > 0 for g in record["killed_burst"])
     first = record["first"]
