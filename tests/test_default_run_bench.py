@@ -4,9 +4,7 @@ within ten minutes, RL adding at least +0.05 held-out accuracy on average)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,23 +12,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "default_run.json"
 
-
-def _bench():
-    sys.path.insert(0, str(REPO / "bench"))  # it imports its sibling roc_vs_grpo
-    try:
-        spec = importlib.util.spec_from_file_location("default_run", REPO / "bench/default_run.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+BENCH = "default_run"  # the `bench` fixture (tests/conftest.py) imports bench/default_run.py
 
 
-bench = _bench()
-
-
-def test_a_record_takes_the_evaluation_after_sft_and_the_last_one():
+def test_a_record_takes_the_evaluation_after_sft_and_the_last_one(bench):
     records = [
         {"phase": "sft", "step": 1, "time": 100.0, "loss": 7.6},
         {"phase": "sft", "step": 625, "time": 350.0, "loss": 0.03},
@@ -52,7 +37,7 @@ def test_a_record_takes_the_evaluation_after_sft_and_the_last_one():
     }
 
 
-def test_the_committed_runs_meet_the_contract():
+def test_the_committed_runs_meet_the_contract(bench):
     result = json.loads(RESULT.read_text())
     runs = result["runs"]
     assert sorted(r["seed"] for r in runs) == [0, 1, 2]

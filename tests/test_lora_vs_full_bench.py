@@ -4,9 +4,7 @@ three seeds each, from one SFT policy)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,29 +19,14 @@ COMMITTED = [
     ("lora_vs_full_lr3e-4_seeds345.json", [3, 4, 5]),
 ]
 
-
-def _bench():
-    sys.path.insert(0, str(REPO / "bench"))  # it imports its sibling roc_vs_grpo
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "lora_vs_full", REPO / "bench/lora_vs_full.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-
-
-bench = _bench()
+BENCH = "lora_vs_full"  # the `bench` fixture (tests/conftest.py) imports bench/lora_vs_full.py
 
 
 def _run(seed: int, acc: float, wall: float) -> dict:
     return {"seed": seed, "final_accuracy": acc, "rl_wall_s": wall}
 
 
-def test_a_record_starts_at_the_step_0_evaluation_and_ends_at_the_last_rl_step():
+def test_a_record_starts_at_the_step_0_evaluation_and_ends_at_the_last_rl_step(bench):
     records = [
         {"phase": "eval", "step": 0, "time": 50.0, "when": "after_sft", "accuracy": 0.9},
         {"phase": "benchmark", "step": 0, "time": 60.0, "accuracy": 0.6},  # the held-out file
@@ -63,7 +46,7 @@ def test_a_record_starts_at_the_step_0_evaluation_and_ends_at_the_last_rl_step()
     }
 
 
-def test_the_verdict_places_the_lora_mean_against_the_full_interval():
+def test_the_verdict_places_the_lora_mean_against_the_full_interval(bench):
     full = [_run(s, a, 100.0) for s, a in enumerate([0.60, 0.65, 0.70])]
     inside = [_run(s, a, 50.0) for s, a in enumerate([0.62, 0.66, 0.64])]
     below = [_run(s, a, 50.0) for s, a in enumerate([0.30, 0.31, 0.32])]
@@ -77,7 +60,7 @@ def test_the_verdict_places_the_lora_mean_against_the_full_interval():
 
 
 @pytest.mark.parametrize(("name", "seeds"), COMMITTED)
-def test_the_committed_comparisons_meet_the_contract(name: str, seeds: list[int]):
+def test_the_committed_comparisons_meet_the_contract(bench, name: str, seeds: list[int]):
     result = json.loads((RESULTS / name).read_text())
     arms = result["arms"]
     assert set(arms) == {"full", "lora"}

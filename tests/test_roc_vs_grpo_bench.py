@@ -3,26 +3,14 @@ synthetic metrics records (no run is started)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("roc_vs_grpo", REPO / "bench" / "roc_vs_grpo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["roc_vs_grpo"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+BENCH = "roc_vs_grpo"  # the `bench` fixture (tests/conftest.py) imports bench/roc_vs_grpo.py
 
 
 def _records(final_err: float, final_acc: float) -> list[dict]:
@@ -40,7 +28,7 @@ def _records(final_err: float, final_acc: float) -> list[dict]:
     ]  # fmt: skip
 
 
-def test_run_record_follows_the_contract():
+def test_run_record_follows_the_contract(bench):
     run = bench.run_record(3, _records(0.08, 0.7))
     assert run["seed"] == 3
     assert [s["step"] for s in run["steps"]] == [0, 2]  # the held-out evaluations only
@@ -53,7 +41,7 @@ def test_run_record_follows_the_contract():
     assert run["rl_tool_error_ratio_pos_mean"] == 0.2  # the step without positives is skipped
 
 
-def test_interval_is_a_students_t_interval():
+def test_interval_is_a_students_t_interval(bench):
     mean, low, high = bench.interval([0.1, 0.2, 0.3])
     assert mean == pytest.approx(0.2)
     # sd 0.1, n 3: half-width 4.303 * 0.1 / sqrt(3)
@@ -62,40 +50,42 @@ def test_interval_is_a_students_t_interval():
     assert bench.interval([]) is None
 
 
-def _runs(errors: list[float], accuracies: list[float]) -> list[dict]:
+def _runs(bench, errors: list[float], accuracies: list[float]) -> list[dict]:
     pairs = zip(errors, accuracies, strict=True)
     return [bench.run_record(seed, _records(e, a)) for seed, (e, a) in enumerate(pairs)]
 
 
-def _arms(roc_err: list[float], grpo_err: list[float], roc_acc: list[float], grpo_acc: list[float]):
-    return {"grpo": _runs(grpo_err, grpo_acc), "grpo_roc": _runs(roc_err, roc_acc)}
+def _arms(
+    bench, roc_err: list[float], grpo_err: list[float], roc_acc: list[float], grpo_acc: list[float]
+):
+    return {"grpo": _runs(bench, grpo_err, grpo_acc), "grpo_roc": _runs(bench, roc_err, roc_acc)}
 
 
-def test_verdict_says_roc_lower_only_when_the_intervals_are_disjoint():
+def test_verdict_says_roc_lower_only_when_the_intervals_are_disjoint(bench):
     clear = bench.verdict(
-        _arms([0.02, 0.03, 0.025], [0.12, 0.13, 0.125], [0.7, 0.71, 0.72], [0.7, 0.7, 0.71])
+        _arms(bench, [0.02, 0.03, 0.025], [0.12, 0.13, 0.125], [0.7, 0.71, 0.72], [0.7, 0.7, 0.71])
     )
     assert "RoC lower, 95 % intervals disjoint" in clear
     assert "accuracy" in clear and "within noise" in clear and "target met" in clear
     assert "\n" not in clear
     overlapping = bench.verdict(
-        _arms([0.02, 0.12, 0.07], [0.05, 0.13, 0.09], [0.7, 0.71, 0.72], [0.7, 0.7, 0.71])
+        _arms(bench, [0.02, 0.12, 0.07], [0.05, 0.13, 0.09], [0.7, 0.71, 0.72], [0.7, 0.7, 0.71])
     )
     assert "no difference" in overlapping and "target not met" in overlapping
     worse_accuracy = bench.verdict(
-        _arms([0.02, 0.03, 0.025], [0.12, 0.13, 0.125], [0.5, 0.51, 0.5], [0.7, 0.71, 0.7])
+        _arms(bench, [0.02, 0.03, 0.025], [0.12, 0.13, 0.125], [0.5, 0.51, 0.5], [0.7, 0.71, 0.7])
     )
     assert "RoC lower, intervals disjoint" in worse_accuracy and "not met" in worse_accuracy
 
 
-def test_verdict_with_too_few_runs_is_inconclusive():
-    arms = _arms([0.02], [0.12], [0.7], [0.7])
+def test_verdict_with_too_few_runs_is_inconclusive(bench):
+    arms = _arms(bench, [0.02], [0.12], [0.7], [0.7])
     assert bench.verdict(arms).startswith("inconclusive")
     assert bench.verdict({"grpo": [], "grpo_roc": []}).startswith("inconclusive")
 
 
-def test_the_json_has_exactly_the_contract_top_level(tmp_path):
-    arms = _arms([0.02, 0.03], [0.12, 0.13], [0.7, 0.71], [0.7, 0.7])
+def test_the_json_has_exactly_the_contract_top_level(bench, tmp_path):
+    arms = _arms(bench, [0.02, 0.03], [0.12, 0.13], [0.7, 0.71], [0.7, 0.7])
     doc = json.loads(json.dumps(bench.summary(arms)))
     assert set(doc) == {"arms", "verdict"}
     assert set(doc["arms"]) == {"grpo", "grpo_roc"}
@@ -105,7 +95,7 @@ def test_the_json_has_exactly_the_contract_top_level(tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 
-def test_rl_runs_evaluate_on_the_sft_runs_held_out_set_with_more_samples_if_asked(tmp_path):
+def test_rl_runs_evaluate_on_the_sft_runs_held_out_set_with_more_samples_if_asked(bench, tmp_path):
     sft = tmp_path / "sft"
     sft.mkdir()
     (sft / "heldout.jsonl").write_text("")
@@ -119,15 +109,10 @@ def test_rl_runs_evaluate_on_the_sft_runs_held_out_set_with_more_samples_if_aske
     assert [o for o in more if "samples" not in o] == [o for o in same if "samples" not in o]
 
 
-def test_tool_errors_vs_outcome_reads_eval_samples(tmp_path):
+def test_tool_errors_vs_outcome_reads_eval_samples(bench_script, tmp_path):
     """bench/tool_errors_vs_outcome.py on an rstar2-eval samples.jsonl: the two conditional
     accuracies and the share of correct trajectories that kept a failed call."""
-    spec = importlib.util.spec_from_file_location(
-        "tool_errors_vs_outcome", REPO / "bench" / "tool_errors_vs_outcome.py"
-    )
-    assert spec is not None and spec.loader is not None
-    diag = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(diag)
+    diag = bench_script("tool_errors_vs_outcome")
     rows = [
         {"correct": True, "tool_calls": {"ok": 1}, "finish_reason": "answered"},
         {"correct": True, "tool_calls": {"error": 1, "ok": 1}, "finish_reason": "answered"},
